@@ -1,0 +1,68 @@
+"""Handing samples (or micro-batches) to data-parallel ranks, balanced by cost.
+
+The main tool is longest-processing-time-first (LPT) with a capacity per rank:
+items in decreasing cost go to the least-loaded rank that still has room.
+Working on samples rather than on whole micro-batches leaves only the
+smallest samples to settle the last differences, so the busiest rank ends
+close to the mean.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+
+def lpt_assign(
+    items: Sequence[int],
+    *,
+    costs: Sequence[float],
+    weights: Sequence[float],
+    capacity: float,
+    num_ranks: int,
+) -> list[list[int]] | None:
+    """Assign ``items`` to ``num_ranks`` ranks, largest cost first, each to the lightest rank with room.
+
+    A rank holds items whose ``weights`` sum to at most ``capacity``. Returns
+    ``None`` when some item fits on no rank.
+    """
+    ranks: list[list[int]] = [[] for _ in range(num_ranks)]
+    used = [0.0] * num_ranks
+    heap = [(0.0, r) for r in range(num_ranks)]
+    for item in sorted(items, key=lambda i: (-costs[i], -weights[i], i)):
+        weight = weights[item]
+        skipped = []
+        while heap and used[heap[0][1]] + weight > capacity:
+            skipped.append(heapq.heappop(heap))
+        if not heap:
+            return None
+        load, rank = heapq.heappop(heap)
+        ranks[rank].append(item)
+        used[rank] += weight
+        heapq.heappush(heap, (load + costs[item], rank))
+        for entry in skipped:
+            heapq.heappush(heap, entry)
+    return ranks
+
+
+def assign_bins(
+    bins: Sequence[Sequence[int]],
+    *,
+    costs: Sequence[float],
+    num_ranks: int,
+    balance: bool,
+) -> list[list[int]]:
+    """Assign whole micro-batches to ranks, the same count to each.
+
+    With ``balance`` it is LPT with a count limit; without, micro-batch ``i``
+    goes to rank ``i % num_ranks``. Returns bin ids per rank.
+    """
+    assert len(bins) % num_ranks == 0, (len(bins), num_ranks)
+    per_rank = len(bins) // num_ranks
+    bin_ids = range(len(bins))
+    if not balance:
+        return [list(bin_ids[r::num_ranks]) for r in range(num_ranks)]
+    bin_costs = [sum(costs[i] for i in b) for b in bins]
+    return lpt_assign(
+        bin_ids, costs=bin_costs, weights=[1.0] * len(bins), capacity=per_rank, num_ranks=num_ranks
+    )

@@ -1,0 +1,130 @@
+"""The invariant checker behind :meth:`DPSchedule.check`.
+
+Each check raises :class:`ScheduleInvariantError` whose message starts with
+the invariant's number from :mod:`megatron_dpsched.core.schedule` and names
+the rank, step and micro-batch at fault.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from megatron_dpsched.core.schedule import DPSchedule
+
+
+class ScheduleInvariantError(AssertionError):
+    """A plan breaks one of the numbered invariants (a bug, or a tampered plan)."""
+
+
+def check_invariants(schedule: DPSchedule) -> None:
+    """Check invariants 1-5 of the schedule spec; raise on the first failure."""
+    _check_shape(schedule)
+    _check_lockstep(schedule)
+    _check_caps(schedule)
+    _check_coverage(schedule)
+    _check_legal_counts(schedule)
+    _check_steps(schedule)
+
+
+def _fail(number: int, message: str) -> None:
+    raise ScheduleInvariantError(f"invariant {number}: {message}")
+
+
+def _check_shape(schedule: DPSchedule) -> None:
+    dp = schedule.dp_size
+    if len(schedule.partitions) != dp or len(schedule.micro_batch_indices) != dp:
+        _fail(3, f"expected {dp} partitions and micro_batch_indices, got "
+              f"{len(schedule.partitions)} and {len(schedule.micro_batch_indices)}")
+    if len(schedule.step_num_samples) != schedule.num_steps:
+        _fail(5, f"{len(schedule.step_num_samples)} step_num_samples for {schedule.num_steps} steps")
+    if len(schedule.costs) != len(schedule.lengths):
+        _fail(3, f"{len(schedule.costs)} costs for {len(schedule.lengths)} samples")
+
+
+def _check_lockstep(schedule: DPSchedule) -> None:
+    total = sum(schedule.num_microbatches)
+    for rank, batches in enumerate(schedule.micro_batch_indices):
+        if len(batches) != total:
+            _fail(1, f"rank {rank} has {len(batches)} micro-batches, the steps need {total}")
+
+
+def _check_caps(schedule: DPSchedule) -> None:
+    config, lengths = schedule.config, schedule.lengths
+    for rank in range(schedule.dp_size):
+        for step in range(schedule.num_steps):
+            for index, mb in enumerate(schedule.rank_step_micro_batches(rank, step)):
+                where = f"rank {rank}, step {step}, micro-batch {index}"
+                if config.micro_batch_size is not None and len(mb) > config.micro_batch_size:
+                    _fail(2, f"{where} holds {len(mb)} samples > micro_batch_size={config.micro_batch_size}")
+                tokens = sum(lengths[i] for i in mb)
+                if config.token_cap is not None and len(mb) > 1 and tokens > config.token_cap:
+                    _fail(2, f"{where} holds {tokens} tokens in {len(mb)} samples > max_tokens_per_gpu * "
+                          f"cp_size = {config.token_cap}")
+
+
+def _check_coverage(schedule: DPSchedule) -> None:
+    seen: dict[int, int] = {}
+    for rank, (partition, batches) in enumerate(zip(schedule.partitions, schedule.micro_batch_indices)):
+        flat = [p for mb in batches for p in mb]
+        if flat != list(range(len(partition))):
+            _fail(3, f"rank {rank}: flattened micro_batch_indices is not range({len(partition)})")
+        for sample in partition:
+            if not 0 <= sample < len(schedule.lengths):
+                _fail(3, f"rank {rank} owns sample {sample}, outside 0..{len(schedule.lengths) - 1}")
+            if sample in seen:
+                _fail(3, f"sample {sample} is on rank {seen[sample]} and rank {rank}")
+            seen[sample] = rank
+    for sample in schedule.dropped:
+        if sample in seen:
+            _fail(3, f"sample {sample} is both dropped and on rank {seen[sample]}")
+        seen[sample] = -1
+    missing = [i for i in range(len(schedule.lengths)) if i not in seen]
+    if missing:
+        _fail(3, f"{len(missing)} samples are neither scheduled nor dropped, first {missing[:5]}")
+
+
+def _check_legal_counts(schedule: DPSchedule) -> None:
+    layout = schedule.config.layout
+    for step, count in enumerate(schedule.num_microbatches):
+        if not layout.is_legal(count):
+            _fail(4, f"step {step} runs {count} micro-batches, which Megatron's schedule rejects for "
+                  f"pp_size={layout.pp_size}, vpp_size={layout.vpp_size}, "
+                  f"microbatch_group_size_per_vp_stage={layout.group_size}")
+
+
+def _check_steps(schedule: DPSchedule) -> None:
+    n = len(schedule.lengths)
+    unit_of = list(range(n)) if schedule.groups is None else _group_rank(schedule.groups)
+    steps = [schedule.step_samples(step) for step in range(schedule.num_steps)]
+    previous_last = -1
+    for step, samples in enumerate(steps):
+        if len(samples) != schedule.step_num_samples[step]:
+            _fail(5, f"step {step} trains {len(samples)} samples, step_num_samples says "
+                  f"{schedule.step_num_samples[step]}")
+        units = sorted({unit_of[i] for i in samples})
+        if units != list(range(previous_last + 1, previous_last + 1 + len(units))):
+            _fail(5, f"step {step} does not hold the next {len(units)} samples/groups in input order")
+        previous_last += len(units)
+        size = schedule.config.global_batch_size
+        if len(units) != size and step != len(steps) - 1:
+            _fail(5, f"step {step} holds {len(units)} samples/groups, not global_batch_size={size}")
+        if len(units) > size:
+            _fail(5, f"step {step} holds {len(units)} samples/groups > global_batch_size={size}")
+    _check_dropped(schedule, unit_of, previous_last)
+
+
+def _check_dropped(schedule: DPSchedule, unit_of: list[int], last_unit: int) -> None:
+    if not schedule.dropped:
+        return
+    if not schedule.config.drop_last:
+        _fail(3, f"{len(schedule.dropped)} samples dropped without drop_last")
+    units = sorted({unit_of[i] for i in schedule.dropped})
+    if units[0] != last_unit + 1 or len(units) >= schedule.config.global_batch_size:
+        _fail(5, "dropped samples are not a trailing partial step")
+
+
+def _group_rank(groups: tuple) -> list[int]:
+    """Map each sample to its group's position in order of first appearance."""
+    order: dict = {}
+    return [order.setdefault(group, len(order)) for group in groups]
