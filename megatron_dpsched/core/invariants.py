@@ -21,8 +21,8 @@ def check_invariants(schedule: DPSchedule) -> None:
     """Check invariants 1-5 of the schedule spec; raise on the first failure."""
     _check_shape(schedule)
     _check_lockstep(schedule)
-    _check_caps(schedule)
     _check_coverage(schedule)
+    _check_caps(schedule)
     _check_legal_counts(schedule)
     _check_steps(schedule)
 

@@ -299,7 +299,7 @@ def plan_schedule(
         )
     costs = sample_costs(sizes, None if config.balance == "tokens" else cost_model)
     plans = [plan_step(step, sizes=sizes, costs=costs, config=config) for step in steps]
-    return _assemble(plans, sizes=sizes, costs=costs, groups=groups, config=config, dropped=dropped)
+    return assemble_schedule(plans, sizes=sizes, costs=costs, groups=groups, config=config, dropped=dropped)
 
 
 def plan_step(
@@ -466,7 +466,7 @@ def _check_static_layout(config: ScheduleConfig, groups: Sequence[Hashable] | No
         )
 
 
-def _assemble(
+def assemble_schedule(
     plans: list[list[RankPlan]],
     *,
     sizes: tuple[int, ...],

@@ -1,0 +1,163 @@
+"""Dry-run / testing-only device shim: run Megatron's CUDA code paths on CPU.
+
+**Never imported by the product path** (``patch``, ``iterator``, ``collate``,
+``forward_step`` do not import it). It exists so that the distributed tests and
+the CPU demo can run Megatron's real schedules, DDP, optimizer and
+``train_step`` as 2-4 CPU processes on gloo, the way Megatron's own unit tests
+fake a device.
+
+What :func:`install` changes (all undone by :func:`uninstall`):
+
+* a ``torch.overrides.TorchFunctionMode`` maps ``device="cuda"`` / ``device=0``
+  / ``torch.device("cuda")`` to CPU for every torch call, turns
+  ``Tensor.cuda()`` into a no-op and ``Tensor.to("cuda")`` into ``.to("cpu")``,
+  and makes ``Tensor.type()`` answer ``torch.cuda.<Type>`` (the optimizer and
+  grad-clipping code compare against those names);
+* ``torch.cuda.synchronize`` / ``set_device`` / ``empty_cache`` are no-ops,
+  ``current_device`` returns 0, ``Stream`` / ``current_stream`` / ``stream`` /
+  ``Event`` are inert stand-ins, ``get_rng_state`` / ``set_rng_state`` use the
+  CPU generator (the rerun state machine saves them every step);
+* the tensor-parallel RNG tracker is reset to the inference tracker, which
+  needs no CUDA generator.
+
+``torch.cuda.device_count`` and ``is_available`` are left alone (0 / False);
+use :func:`pretend_one_device` around Megatron's ``_initialize_distributed``,
+which only builds the model-parallel groups when it sees a device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+_CPU = torch.device("cpu")
+_saved: dict[str, Any] = {}
+_mode: TorchFunctionMode | None = None
+
+
+def _is_cuda_device(device: Any) -> bool:
+    if isinstance(device, bool):
+        return False
+    if isinstance(device, int):
+        return True
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    return isinstance(device, torch.device) and device.type == "cuda"
+
+
+def _map_device_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple, dict]:
+    if _is_cuda_device(kwargs.get("device")):
+        kwargs = {**kwargs, "device": _CPU}
+    return args, kwargs
+
+
+def _to_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    # Tensor.to(self, device, ...) / Tensor.to(self, "cuda", dtype)
+    return tuple(_CPU if i > 0 and _is_cuda_device(a) and not isinstance(a, int) else a
+                 for i, a in enumerate(args))
+
+
+def _cuda_type_name(tensor: torch.Tensor) -> str:
+    return tensor.type().replace("torch.", "torch.cuda.", 1)
+
+
+class CudaToCpuMode(TorchFunctionMode):
+    """Route every CUDA placement request to CPU (see the module docstring)."""
+
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            return _cuda_type_name(args[0])
+        if func is torch.Tensor.to:
+            args = _to_args(args)
+        args, kwargs = _map_device_args(args, kwargs)
+        return func(*args, **kwargs)
+
+
+class _InertStream:
+    """Stand-in for ``torch.cuda.Stream`` / ``Event``: every method is a no-op."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
+
+    def query(self) -> bool:
+        return True
+
+
+def _cuda_replacements() -> dict[str, Any]:
+    return {
+        "synchronize": lambda *a, **k: None,
+        "set_device": lambda *a, **k: None,
+        "empty_cache": lambda *a, **k: None,
+        "current_device": lambda: 0,
+        "Stream": _InertStream,
+        "Event": _InertStream,
+        "current_stream": lambda *a, **k: _InertStream(),
+        "default_stream": lambda *a, **k: _InertStream(),
+        "stream": lambda *a, **k: contextlib.nullcontext(),
+        "get_rng_state": lambda *a, **k: torch.get_rng_state(),
+        "set_rng_state": lambda state, *a, **k: torch.set_rng_state(state),
+        "manual_seed": lambda *a, **k: None,
+    }
+
+
+def install() -> None:
+    """Turn the shim on (idempotent)."""
+    global _mode
+    if _mode is not None:
+        return
+    for name, replacement in _cuda_replacements().items():
+        _saved[name] = getattr(torch.cuda, name)
+        setattr(torch.cuda, name, replacement)
+    _mode = CudaToCpuMode()
+    _mode.__enter__()
+    reset_rng_tracker()
+
+
+def uninstall() -> None:
+    """Turn the shim off and restore ``torch.cuda`` (idempotent)."""
+    global _mode
+    if _mode is None:
+        return
+    _mode.__exit__(None, None, None)
+    _mode = None
+    for name, original in _saved.items():
+        setattr(torch.cuda, name, original)
+    _saved.clear()
+
+
+def reset_rng_tracker() -> None:
+    """Use Megatron's inference RNG tracker, which needs no CUDA generator."""
+    from megatron.core import tensor_parallel
+
+    tensor_parallel.random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+
+
+@contextlib.contextmanager
+def pretend_one_device() -> Iterator[None]:
+    """Make ``torch.cuda.device_count()`` answer 1 inside the block."""
+    original = torch.cuda.device_count
+    torch.cuda.device_count = lambda: 1
+    try:
+        yield
+    finally:
+        torch.cuda.device_count = original
+
+
+@contextlib.contextmanager
+def cpu_device_shim() -> Iterator[None]:
+    """``install()`` for the duration of a ``with`` block."""
+    install()
+    try:
+        yield
+    finally:
+        uninstall()

@@ -1,0 +1,24 @@
+"""Packaging for megatron-dpsched."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="megatron-dpsched",
+    version="0.1.0",
+    description="Global data-parallel micro-batch scheduling for Megatron: token-capped packing, "
+    "compute-balanced ranks, VPP-legal micro-batch counts, exact LR accounting.",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    packages=find_packages(include=["megatron_dpsched", "megatron_dpsched.*"]),
+    package_data={"megatron_dpsched": ["data/*.txt", "data/*.md"]},
+    install_requires=[],
+    extras_require={
+        "megatron": ["torch>=2.6", "megatron-core>=0.19,<0.20"],
+        "test": ["pytest>=8", "hypothesis>=6.100", "ruff>=0.6"],
+        "demo": ["matplotlib>=3.8"],
+    },
+    entry_points={"console_scripts": ["megatron-dpsched=megatron_dpsched.cli:main"]},
+    classifiers=["Programming Language :: Python :: 3", "Topic :: Scientific/Engineering :: Artificial Intelligence"],
+)

@@ -1,0 +1,253 @@
+"""Scenario tests of build_dp_schedule; every scenario ends in assert_invariants."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+from assertions import assert_invariants
+
+from megatron_dpsched import (
+    CostModel,
+    DPSchedule,
+    ScheduleInvariantError,
+    build_dp_schedule,
+    compute_dynamic_global_batch_size,
+)
+
+
+def plan(lengths, **kwargs):
+    groups = kwargs.get("groups")
+    schedule = build_dp_schedule(lengths, **kwargs)
+    assert_invariants(schedule, lengths, groups=groups)
+    return schedule
+
+
+def test_static_single_step_fills_every_micro_batch():
+    lengths = [10, 20, 30, 40, 50, 60, 70, 80]
+    schedule = plan(lengths, dp_size=2, global_batch_size=8, micro_batch_size=2)
+    assert schedule.num_microbatches == (2,)
+    assert schedule.step_num_samples == (8,)
+    for rank in range(2):
+        assert [len(mb) for mb in schedule.rank_step_micro_batches(rank, 0)] == [2, 2]
+
+
+def test_static_multi_step_follows_input_order():
+    lengths = list(range(1, 25))
+    schedule = plan(lengths, dp_size=2, global_batch_size=8, micro_batch_size=2)
+    assert schedule.num_microbatches == (2, 2, 2)
+    assert schedule.step_num_samples == (8, 8, 8)
+    for step in range(3):
+        assert schedule.step_samples(step) == list(range(8 * step, 8 * step + 8))
+
+
+def test_static_groups_similar_lengths_to_cut_padding():
+    lengths = [100, 1, 100, 1, 100, 1, 100, 1]
+    schedule = plan(lengths, dp_size=1, global_batch_size=8, micro_batch_size=4, balance="none")
+    tokens = sorted(sum(lengths[i] for i in mb) for mb in schedule.rank_step_micro_batches(0, 0))
+    assert tokens == [4, 400]
+
+
+def test_dynamic_uniform_lengths_fill_the_cap():
+    lengths = [100] * 64
+    schedule = plan(lengths, dp_size=4, global_batch_size=64, max_tokens_per_gpu=400)
+    assert schedule.num_microbatches == (4,)
+    for rank in range(4):
+        assert [len(mb) for mb in schedule.rank_step_micro_batches(rank, 0)] == [4, 4, 4, 4]
+    (stats,) = schedule.stats()
+    assert stats.token_fill == 1.0
+    assert stats.imbalance == 1.0
+    assert stats.empty_microbatches == 0
+
+
+def test_oversize_sample_sits_alone():
+    lengths = [5000, 100, 200, 300, 100, 200, 300, 100]
+    schedule = plan(lengths, dp_size=2, global_batch_size=8, max_tokens_per_gpu=1000)
+    batches = [mb for r in range(2) for mb in schedule.rank_step_micro_batches(r, 0)]
+    assert (0,) in batches
+    assert all(0 not in mb or len(mb) == 1 for mb in batches)
+
+
+def test_cp_size_multiplies_the_cap():
+    lengths = [600, 600, 600, 600]
+    schedule = plan(lengths, dp_size=1, global_batch_size=4, max_tokens_per_gpu=600, cp_size=2)
+    assert schedule.num_microbatches == (2,)
+
+
+@pytest.mark.parametrize(
+    ("pp", "group", "needed", "expected"),
+    [
+        (2, None, 1, 2),  # below the group: the group itself
+        (2, None, 3, 4),  # group = pp = 2: 3 % 2 = 1 < 2 -> 4
+        (4, None, 5, 8),  # group = pp = 4: 5 % 4 = 1, 6 % 4 = 2, 7 % 4 = 3 < 4 -> 8
+        (2, 4, 5, 6),  # group > pp: 5 % 4 = 1 < 2 -> 6, not the multiple 8
+        (2, 4, 6, 6),
+        (2, 4, 7, 7),
+        (3, 4, 9, 11),  # 9 % 4 = 1, 10 % 4 = 2 < 3, 11 % 4 = 3 >= 3
+    ],
+)
+def test_vpp_alignment_picks_smallest_legal_count(pp, group, needed, expected):
+    # `needed` micro-batches of exactly full samples on one rank
+    lengths = [100] * needed
+    schedule = plan(
+        lengths,
+        dp_size=1,
+        global_batch_size=needed,
+        max_tokens_per_gpu=100,
+        pp_size=pp,
+        vpp_size=2,
+        microbatch_group_size_per_vp_stage=group,
+    )
+    assert schedule.num_microbatches == (expected,)
+    (stats,) = schedule.stats()
+    assert stats.empty_microbatches == expected - needed
+
+
+def test_vpp_grows_static_count_to_a_legal_value():
+    lengths = [10] * 6
+    schedule = plan(lengths, dp_size=1, global_batch_size=6, micro_batch_size=2, pp_size=4, vpp_size=2)
+    assert schedule.num_microbatches == (4,)  # 3 is below the group of 4
+    assert sorted(len(mb) for mb in schedule.rank_step_micro_batches(0, 0)) == [1, 1, 2, 2]
+
+
+def test_six_samples_on_four_ranks_get_empty_micro_batches():
+    lengths = [100] * 6
+    schedule = plan(lengths, dp_size=4, global_batch_size=6, max_tokens_per_gpu=1000, pp_size=2, vpp_size=2)
+    assert schedule.num_microbatches == (2,)
+    (stats,) = schedule.stats()
+    assert stats.empty_microbatches == 2
+    assert stats.num_samples == 6
+    assert sorted(len(p) for p in schedule.partitions) == [1, 1, 2, 2]
+
+
+def test_groups_never_straddle_steps():
+    groups = ["a", "a", "b", "c", "c", "c", "b", "d", "e", "e"]
+    lengths = [50] * len(groups)
+    schedule = plan(lengths, dp_size=2, global_batch_size=2, max_tokens_per_gpu=100, groups=groups)
+    assert schedule.num_steps == 3
+    assert schedule.step_samples(0) == [0, 1, 2, 6]  # groups a, b
+    assert schedule.step_samples(1) == [3, 4, 5, 7]  # groups c, d
+    assert schedule.step_samples(2) == [8, 9]  # group e: a smaller trailing step
+    assert schedule.step_num_samples == (4, 4, 2)
+
+
+def test_trailing_partial_step_kept_as_smaller_step():
+    lengths = [100] * 10
+    schedule = plan(lengths, dp_size=2, global_batch_size=4, max_tokens_per_gpu=200)
+    assert schedule.step_num_samples == (4, 4, 2)
+    assert schedule.dropped == ()
+
+
+def test_trailing_partial_step_dropped_and_reported():
+    lengths = [100] * 10
+    schedule = plan(lengths, dp_size=2, global_batch_size=4, max_tokens_per_gpu=200, drop_last=True)
+    assert schedule.step_num_samples == (4, 4)
+    assert schedule.dropped == (8, 9)
+
+
+def test_lower_bound_counts_samples_over_half_the_cap():
+    lengths = [600] * 4 + [10] * 4  # four > cap/2: four micro-batches at least
+    schedule = plan(lengths, dp_size=1, global_batch_size=8, max_tokens_per_gpu=1000)
+    assert schedule.num_microbatches == (4,)
+
+
+def test_balances_cost_not_just_tokens():
+    model = CostModel(hidden_size=64, num_layers=2, num_attention_heads=4)
+    lengths = [4000] + [500] * 8 + [1000] * 4
+    by_cost = plan(lengths, dp_size=2, global_batch_size=13, max_tokens_per_gpu=8000, cost_model=model)
+    by_tokens = plan(lengths, dp_size=2, global_batch_size=13, max_tokens_per_gpu=8000, balance="tokens")
+    flops = [model(n) for n in lengths]
+
+    def spread(schedule):
+        loads = [sum(flops[i] for i in part) for part in schedule.partitions]
+        return max(loads) / min(loads)
+
+    assert spread(by_cost) < spread(by_tokens)
+
+
+def test_pipeline_order_puts_cheap_micro_batches_at_both_ends():
+    lengths = [510, 600, 700, 800, 900]  # each over half the cap: one per micro-batch
+    schedule = plan(lengths, dp_size=1, global_batch_size=5, max_tokens_per_gpu=1000, pp_size=2)
+    loads = [sum(lengths[i] for i in mb) for mb in schedule.rank_step_micro_batches(0, 0)]
+    peak = loads.index(max(loads))
+    assert 0 < peak < len(loads) - 1
+    assert loads[: peak + 1] == sorted(loads[: peak + 1])
+    assert loads[peak:] == sorted(loads[peak:], reverse=True)
+
+
+def test_json_round_trip_gives_an_equal_schedule():
+    lengths = [37, 800, 5, 90, 1200, 64] * 5
+    groups = [i // 3 for i in range(30)]
+    schedule = plan(lengths, dp_size=3, global_batch_size=4, max_tokens_per_gpu=1000, groups=groups, pp_size=2)
+    copy = DPSchedule.from_dict(json.loads(json.dumps(schedule.to_dict())))
+    assert copy == schedule
+    copy.check()
+
+
+def test_same_inputs_give_the_same_plan():
+    lengths = [(i * 7919) % 997 + 1 for i in range(300)]
+    first = build_dp_schedule(lengths, dp_size=8, global_batch_size=64, max_tokens_per_gpu=2048)
+    second = build_dp_schedule(list(lengths), dp_size=8, global_batch_size=64, max_tokens_per_gpu=2048)
+    assert first == second
+
+
+@pytest.mark.parametrize(
+    ("tamper", "number"),
+    [
+        (lambda s: {"num_microbatches": (s.num_microbatches[0] + 1,)}, 1),
+        (lambda s: {"partitions": (s.partitions[0][:-1],) + s.partitions[1:]}, 3),
+        (lambda s: {"micro_batch_indices": ((tuple(range(len(s.partitions[0]))),) + ((),) * (s.num_microbatches[0] - 1),)
+                    + s.micro_batch_indices[1:]}, 2),
+        (lambda s: {"step_num_samples": (s.step_num_samples[0] - 1,)}, 5),
+        (lambda s: {"dropped": (0,)}, 3),
+    ],
+)
+def test_checker_catches_a_broken_plan(tamper, number):
+    lengths = [300] * 12
+    schedule = build_dp_schedule(lengths, dp_size=2, global_batch_size=12, max_tokens_per_gpu=600)
+    broken = dataclasses.replace(schedule, **tamper(schedule))
+    with pytest.raises(ScheduleInvariantError, match=f"invariant {number}"):
+        broken.check()
+
+
+def test_checker_catches_an_illegal_vpp_count():
+    schedule = build_dp_schedule([100] * 8, dp_size=1, global_batch_size=8, max_tokens_per_gpu=100,
+                                 pp_size=4, vpp_size=2)
+    parts = schedule.micro_batch_indices[0]
+    broken = dataclasses.replace(
+        schedule, num_microbatches=(5,),
+        micro_batch_indices=(parts[:4] + ((parts[4] + parts[5] + parts[6] + parts[7]),),),
+    )
+    with pytest.raises(ScheduleInvariantError, match="invariant [24]"):
+        broken.check()
+
+
+def test_compute_dynamic_global_batch_size():
+    assert compute_dynamic_global_batch_size(100, 8) == 96
+    assert compute_dynamic_global_batch_size(5, 8) == 8
+    assert compute_dynamic_global_batch_size(64, 8) == 64
+    with pytest.raises(ValueError, match="dp_size"):
+        compute_dynamic_global_batch_size(10, 0)
+    with pytest.raises(ValueError, match="num_samples"):
+        compute_dynamic_global_batch_size(0, 4)
+
+
+def test_cost_model_is_linear_plus_quadratic():
+    model = CostModel(hidden_size=1024, num_layers=4, num_attention_heads=16, num_query_groups=4, vocab_size=1000)
+    linear, quad = model.linear_flops_per_token, model.quadratic_flops_per_token_pair
+    assert model(1000) == pytest.approx(3 * (1000 * linear + 1000**2 * quad))
+    assert model(2000) > 2 * model(1000)
+    mha = CostModel(hidden_size=1024, num_layers=4, num_attention_heads=16, vocab_size=1000)
+    assert mha(1000) > model(1000)  # GQA shrinks the K/V projections
+
+
+def test_core_imports_without_torch_or_megatron():
+    code = (
+        "import sys, megatron_dpsched, megatron_dpsched.core, megatron_dpsched.cli, megatron_dpsched.baselines; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron')]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
