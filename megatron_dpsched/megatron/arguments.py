@@ -32,7 +32,7 @@ class DPScheduleOptions:
     enabled: bool
     """``--dp-schedule``: plan micro-batches globally."""
     max_tokens_per_gpu: int | None
-    """``--dp-schedule-max-tokens-per-gpu``: dynamic batching cap; ``None`` = static ``--micro-batch-size``."""
+    """``--dp-schedule-max-tokens-per-gpu``: dynamic batching cap; ``None``: static batching."""
     balance: str
     """``--dp-schedule-balance``: what the planner balances across DP ranks."""
     verify: str
@@ -140,7 +140,8 @@ def _refuse_conflicts(args: Any) -> None:
         raise ValueError("--cuda-graph-impl full_iteration cannot be combined with --dp-schedule "
                          "(micro-batch shapes and counts change every step)")
     dispatcher = getattr(args, "moe_token_dispatcher_type", "allgather")
-    if args.pipeline_model_parallel_size > 1 and getattr(args, "num_experts", None) and dispatcher == "allgather":
+    moe = getattr(args, "num_experts", None) is not None
+    if args.pipeline_model_parallel_size > 1 and moe and dispatcher == "allgather":
         raise ValueError("--moe-token-dispatcher-type allgather does not support variable sequence "
                          "lengths; use alltoall or flex with --dp-schedule and PP > 1")
 

@@ -1,0 +1,46 @@
+"""Megatron integration of the dp-schedule planner (imports torch and megatron-core).
+
+* :mod:`.arguments`: ``--dp-schedule*`` flags (``add_dp_schedule_args``) and their validation.
+* :mod:`.patch`: ``enable()`` / ``disable()`` hooks into ``megatron.training.training``.
+* :mod:`.iterator`: schedule-driven data iterators (precomputed plan or map-style dataset).
+* :mod:`.collate`: packed (thd) or padded (bshd) micro-batches, zero-weight dummies.
+* :mod:`.forward_step`: forward step and per-token loss.
+* :mod:`.cpu_shim`: dry-run / testing-only CPU device shim (never imported here).
+"""
+
+from megatron_dpsched.megatron.arguments import (
+    DPScheduleOptions,
+    add_dp_schedule_args,
+    schedule_kwargs_from_args,
+    validate_dp_schedule_args,
+)
+from megatron_dpsched.megatron.collate import CollateConfig, collate_micro_batch, pad_multiple_for
+from megatron_dpsched.megatron.forward_step import ScheduledForwardStep, scheduled_loss_func
+from megatron_dpsched.megatron.iterator import (
+    ChunkIterator,
+    ScheduledDataIterator,
+    ScheduledDatasetLoader,
+    StepBatches,
+    StepFeed,
+)
+from megatron_dpsched.megatron.patch import disable, enable, is_enabled
+
+__all__ = [
+    "ChunkIterator",
+    "CollateConfig",
+    "DPScheduleOptions",
+    "ScheduledDataIterator",
+    "ScheduledDatasetLoader",
+    "ScheduledForwardStep",
+    "StepBatches",
+    "StepFeed",
+    "add_dp_schedule_args",
+    "collate_micro_batch",
+    "disable",
+    "enable",
+    "is_enabled",
+    "pad_multiple_for",
+    "schedule_kwargs_from_args",
+    "scheduled_loss_func",
+    "validate_dp_schedule_args",
+]

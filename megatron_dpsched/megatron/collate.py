@@ -1,0 +1,157 @@
+"""Collate one planned micro-batch of variable-length samples for Megatron's GPT model.
+
+A sample is a mapping with ``tokens`` and ``labels`` (1-D integer tensors of
+the sample's length) and optionally ``loss_mask`` (1-D, same length; default
+all ones). Two layouts:
+
+* ``thd`` (packed): one row holding every sample back to back, ``position_ids``
+  restarting per sample and a :class:`~megatron.core.packed_seq_params.PackedSeqParams`
+  with ``cu_seqlens`` (real lengths) and ``cu_seqlens_*_padded`` (each sample
+  padded to ``pad_multiple``, what context / sequence parallelism need);
+* ``bshd`` (padded): one row per sample, right-padded to the longest sample
+  rounded up to ``pad_multiple``, with a boolean ``attention_mask``
+  ``[b, 1, s, s]`` (``True`` = masked, Megatron's convention) that is causal and
+  hides padding.
+
+Padding tokens get ``loss_mask`` 0. An empty micro-batch (a rank with fewer
+samples than the step's micro-batch count) becomes a one-token dummy (padded to
+``pad_multiple``) with zero loss weight, so it adds nothing to the loss, the
+token count or the gradients. Every batch carries ``sample_ids`` (the global
+sample ids, empty for a dummy).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from megatron.core.packed_seq_params import PackedSeqParams
+
+FORMATS = ("thd", "bshd")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollateConfig:
+    """How micro-batches are laid out."""
+
+    format: str = "bshd"
+    """``"thd"`` (packed, needs an attention backend that takes ``PackedSeqParams``) or ``"bshd"``."""
+    pad_multiple: int = 1
+    """Pad each sequence (thd) or the sequence dimension (bshd) to a multiple of this."""
+    pad_token_id: int = 0
+    """Token and label id used for padding."""
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise ValueError(f"format must be one of {FORMATS}; got {self.format!r}")
+        if self.pad_multiple < 1:
+            raise ValueError(f"pad_multiple must be >= 1; got {self.pad_multiple}")
+
+
+def pad_multiple_for(
+    *, tensor_parallel_size: int, context_parallel_size: int, sequence_parallel: bool
+) -> int:
+    """The sequence-length multiple Megatron needs: ``2 * CP`` chunks, times TP with sequence parallelism."""
+    multiple = 2 * context_parallel_size if context_parallel_size > 1 else 1
+    if sequence_parallel:
+        multiple *= tensor_parallel_size
+    return multiple
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return max(multiple, math.ceil(value / multiple) * multiple)
+
+
+def _loss_mask(sample: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    mask = sample.get("loss_mask")
+    if mask is None:
+        return torch.ones(sample["tokens"].numel(), dtype=torch.float)
+    return mask.float()
+
+
+def dummy_sample(length: int, *, pad_token_id: int = 0) -> dict[str, torch.Tensor]:
+    """A ``length``-token sample of padding with zero loss weight."""
+    pad = torch.full((length,), pad_token_id, dtype=torch.long)
+    return {"tokens": pad, "labels": pad.clone(), "loss_mask": torch.zeros(length)}
+
+
+def collate_micro_batch(
+    samples: Sequence[Mapping[str, torch.Tensor]],
+    sample_ids: Sequence[int],
+    config: CollateConfig,
+) -> dict[str, object]:
+    """Collate ``samples`` (one planned micro-batch); ``[]`` gives the zero-weight dummy."""
+    assert len(samples) == len(sample_ids), "one id per sample"
+    if not samples:
+        samples = [dummy_sample(1, pad_token_id=config.pad_token_id)]
+    batch = collate_thd(samples, config) if config.format == "thd" else collate_bshd(samples, config)
+    batch["sample_ids"] = torch.tensor(list(sample_ids), dtype=torch.long)
+    return batch
+
+
+def collate_bshd(samples: Sequence[Mapping[str, torch.Tensor]], config: CollateConfig) -> dict[str, object]:
+    """One right-padded row per sample plus a causal-and-padding attention mask."""
+    lengths = [s["tokens"].numel() for s in samples]
+    seq = _round_up(max(lengths), config.pad_multiple)
+    rows = [_pad_sample(s, seq, config.pad_token_id) for s in samples]
+    valid = torch.zeros(len(samples), seq, dtype=torch.bool)
+    for row, length in enumerate(lengths):
+        valid[row, :length] = True
+    causal = torch.ones(seq, seq, dtype=torch.bool).tril()
+    allowed = causal[None] & valid[:, None, :] & valid[:, :, None]
+    return {
+        "tokens": torch.stack([r["tokens"] for r in rows]),
+        "labels": torch.stack([r["labels"] for r in rows]),
+        "loss_mask": torch.stack([r["loss_mask"] for r in rows]),
+        "position_ids": torch.arange(seq).expand(len(samples), seq).clone(),
+        "attention_mask": ~allowed[:, None],
+    }
+
+
+def _pad_sample(
+    sample: Mapping[str, torch.Tensor], length: int, pad_token_id: int
+) -> dict[str, torch.Tensor]:
+    extra = length - sample["tokens"].numel()
+    pad = dummy_sample(extra, pad_token_id=pad_token_id)
+    return {
+        "tokens": torch.cat([sample["tokens"].long(), pad["tokens"]]),
+        "labels": torch.cat([sample["labels"].long(), pad["labels"]]),
+        "loss_mask": torch.cat([_loss_mask(sample), pad["loss_mask"]]),
+    }
+
+
+def collate_thd(samples: Sequence[Mapping[str, torch.Tensor]], config: CollateConfig) -> dict[str, object]:
+    """All samples packed in one row, each padded to ``pad_multiple``, with ``PackedSeqParams``."""
+    lengths = [s["tokens"].numel() for s in samples]
+    padded = [_round_up(n, config.pad_multiple) for n in lengths]
+    rows = [_pad_sample(s, p, config.pad_token_id) for s, p in zip(samples, padded, strict=True)]
+    positions = torch.cat([torch.arange(p) for p in padded])
+    return {
+        "tokens": torch.cat([r["tokens"] for r in rows])[None],
+        "labels": torch.cat([r["labels"] for r in rows])[None],
+        "loss_mask": torch.cat([r["loss_mask"] for r in rows])[None],
+        "position_ids": positions[None],
+        "attention_mask": None,
+        "packed_seq_params": packed_seq_params(lengths, padded),
+    }
+
+
+def _cumulative(values: Sequence[int]) -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(values).cumsum(0).tolist()], dtype=torch.int32)
+
+
+def packed_seq_params(lengths: Sequence[int], padded_lengths: Sequence[int]) -> PackedSeqParams:
+    """``PackedSeqParams`` for sequences of ``lengths`` stored with ``padded_lengths``."""
+    cu_seqlens = _cumulative(lengths)
+    cu_padded = _cumulative(padded_lengths)
+    return PackedSeqParams(
+        qkv_format="thd",
+        cu_seqlens_q=cu_seqlens,
+        cu_seqlens_kv=cu_seqlens,
+        cu_seqlens_q_padded=cu_padded,
+        cu_seqlens_kv_padded=cu_padded,
+        max_seqlen_q=max(padded_lengths),
+        max_seqlen_kv=max(padded_lengths),
+    )

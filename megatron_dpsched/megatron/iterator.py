@@ -1,0 +1,256 @@
+"""Schedule-driven data iterators for Megatron's forward-backward schedules.
+
+A *feed* owns the plan and the data; it hands out one :class:`ChunkIterator`
+per model chunk (one per virtual pipeline stage, a single one without VPP).
+For every step all chunk iterators walk the same micro-batches, each with its
+own offset, the way Megatron's interleaved schedule expects one iterator per
+chunk. Steps advance with :meth:`StepFeed.begin_step`, which the
+forward-backward wrapper installed by :mod:`megatron_dpsched.megatron.patch`
+calls before each step (a custom loop can call it itself); it returns the
+step's :class:`StepBatches`, whose ``num_microbatches`` replaces Megatron's.
+
+Two feeds:
+
+* :class:`ScheduledDataIterator`: a precomputed :class:`~megatron_dpsched.DPSchedule`
+  (e.g. shipped as JSON) plus per-sample data, looked up by global sample id.
+* :class:`ScheduledDatasetLoader`: a map-style dataset with known per-sample
+  lengths. Each step takes the next ``global_batch_size`` samples from
+  ``consumed_samples`` on (Megatron's ``MegatronPretrainingSampler``
+  semantics) and plans them with ``build_dp_schedule``; every rank computes the
+  same plan (deterministic, no collective) and keeps its own part. Resuming with
+  the checkpoint's ``consumed_train_samples`` continues exactly.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from megatron_dpsched import DPSchedule, build_dp_schedule
+from megatron_dpsched.megatron.collate import CollateConfig, collate_micro_batch
+
+SampleSource = Callable[[int], Mapping[str, Any]] | Sequence[Mapping[str, Any]]
+VERIFY_LEVELS = ("off", "check", "strict")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepBatches:
+    """One rank's share of one optimizer step."""
+
+    step: int
+    """Index of the step in the feed's plan (0 = first step this feed planned from 0 samples)."""
+    micro_batches: tuple[tuple[int, ...], ...]
+    """This rank's micro-batches as global sample ids, in run order; ``()`` is a dummy."""
+    num_samples: int
+    """Samples trained in the step over all data-parallel ranks (the LR-scheduler increment)."""
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches every rank runs in this step."""
+        return len(self.micro_batches)
+
+
+class ChunkIterator:
+    """The iterator one model chunk's forward steps read (``next(it)`` or ``it.get_next(keys)``)."""
+
+    def __init__(self, feed: StepFeed, chunk: int) -> None:
+        self.feed = feed
+        self.chunk = chunk
+        self.offset = 0
+
+    def __iter__(self) -> ChunkIterator:
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        return self.get_next()
+
+    def get_next(self, keys: Sequence[str] | None = None) -> dict[str, Any]:
+        """The next micro-batch of the current step; only ``keys`` (plus ``sample_ids``) if given."""
+        batch = self.feed.micro_batch(self.offset)
+        self.offset += 1
+        if keys is None:
+            return dict(batch)
+        return {key: batch[key] for key in (*keys, "sample_ids") if key in batch}
+
+
+class StepFeed(ABC):
+    """Plans steps, loads and collates their micro-batches, and hands them to chunk iterators."""
+
+    def __init__(
+        self, *, num_chunks: int = 1, collate: CollateConfig | None = None, verify: str = "off"
+    ) -> None:
+        if num_chunks < 1:
+            raise ValueError(f"num_chunks must be >= 1; got {num_chunks}")
+        if verify not in VERIFY_LEVELS:
+            raise ValueError(f"--dp-schedule-verify must be one of {VERIFY_LEVELS}; got {verify!r}")
+        self.collate = collate or CollateConfig()
+        self.verify = verify
+        self.chunks = [ChunkIterator(self, chunk) for chunk in range(num_chunks)]
+        self.current: StepBatches | None = None
+        self._cache: dict[int, dict[str, Any]] = {}
+
+    @abstractmethod
+    def _plan_next_step(self) -> StepBatches:
+        """This rank's part of the next step; raise ``StopIteration`` when there is none."""
+
+    @abstractmethod
+    def load_sample(self, sample_id: int) -> Mapping[str, Any]:
+        """The raw sample with global id ``sample_id``."""
+
+    def begin_step(self) -> StepBatches:
+        """Advance to the next step and rewind every chunk iterator to its first micro-batch."""
+        self.current = self._plan_next_step()
+        self._cache.clear()
+        for chunk in self.chunks:
+            chunk.offset = 0
+        return self.current
+
+    def end_step(self) -> None:
+        """Close the step; with ``verify="strict"`` every chunk must have read every micro-batch."""
+        assert self.current is not None, "end_step() without begin_step()"
+        if self.verify == "strict":
+            expected = self.current.num_microbatches
+            offsets = [chunk.offset for chunk in self.chunks]
+            if any(offset != expected for offset in offsets):
+                raise RuntimeError(
+                    f"dp-schedule step {self.current.step}: model chunks read {offsets} micro-batches, "
+                    f"the plan has {expected} (--dp-schedule-verify strict)"
+                )
+        self._cache.clear()
+
+    def micro_batch(self, index: int) -> dict[str, Any]:
+        """Micro-batch ``index`` of the current step, collated once and shared by the chunks."""
+        if self.current is None:
+            raise RuntimeError("no dp-schedule step is active; call begin_step() first")
+        if index >= self.current.num_microbatches:
+            raise RuntimeError(
+                f"dp-schedule step {self.current.step} has {self.current.num_microbatches} "
+                f"micro-batches; micro-batch {index} was requested"
+            )
+        if index not in self._cache:
+            ids = self.current.micro_batches[index]
+            samples = [self.load_sample(i) for i in ids]
+            self._cache[index] = collate_micro_batch(samples, ids, self.collate)
+        return self._cache[index]
+
+    def megatron_iterators(self, *, rerun: bool = True) -> Any:
+        """What to pass as Megatron's ``train_data_iterator``: one iterator, or a list with VPP.
+
+        With ``rerun`` each is wrapped in Megatron's ``RerunDataIterator`` (needed by the
+        rerun state machine's default ``validate_results`` mode).
+        """
+        iterators: list[Any] = list(self.chunks)
+        if rerun:
+            from megatron.core.rerun_state_machine import RerunDataIterator
+
+            iterators = [RerunDataIterator(it) for it in iterators]
+        return iterators if len(iterators) > 1 else iterators[0]
+
+
+def _sample_getter(samples: SampleSource) -> Callable[[int], Mapping[str, Any]]:
+    if callable(samples):
+        return samples
+    return samples.__getitem__
+
+
+class ScheduledDataIterator(StepFeed):
+    """Feed driven by a precomputed :class:`DPSchedule` and per-sample data."""
+
+    def __init__(
+        self,
+        schedule: DPSchedule,
+        *,
+        rank: int,
+        samples: SampleSource,
+        start_step: int = 0,
+        **feed_kwargs: Any,
+    ) -> None:
+        super().__init__(**feed_kwargs)
+        if not 0 <= rank < schedule.dp_size:
+            raise ValueError(f"rank {rank} is outside the schedule's dp_size={schedule.dp_size}")
+        if self.verify != "off":
+            schedule.check()
+        self.schedule = schedule
+        self.rank = rank
+        self._get = _sample_getter(samples)
+        self.start_step = start_step
+        self.next_step = start_step
+
+    def reset(self) -> None:
+        """Start again from ``start_step``."""
+        self.next_step = self.start_step
+        self.current = None
+        self._cache.clear()
+
+    def load_sample(self, sample_id: int) -> Mapping[str, Any]:
+        return self._get(sample_id)
+
+    def _plan_next_step(self) -> StepBatches:
+        step = self.next_step
+        if step >= self.schedule.num_steps:
+            raise StopIteration(f"the schedule has {self.schedule.num_steps} steps")
+        self.next_step += 1
+        return StepBatches(
+            step=step,
+            micro_batches=self.schedule.rank_step_micro_batches(self.rank, step),
+            num_samples=self.schedule.step_num_samples[step],
+        )
+
+
+class ScheduledDatasetLoader(StepFeed):
+    """Feed that plans each step from a map-style dataset with known per-sample lengths."""
+
+    def __init__(
+        self,
+        dataset: SampleSource,
+        *,
+        lengths: Sequence[int],
+        rank: int,
+        schedule_kwargs: Mapping[str, Any],
+        consumed_samples: int = 0,
+        **feed_kwargs: Any,
+    ) -> None:
+        super().__init__(**feed_kwargs)
+        if "drop_last" in schedule_kwargs:
+            raise ValueError("ScheduledDatasetLoader plans one step at a time; drop_last does not apply")
+        self._get = _sample_getter(dataset)
+        self.lengths = lengths
+        self.rank = rank
+        self.schedule_kwargs = dict(schedule_kwargs)
+        self.global_batch_size = int(schedule_kwargs["global_batch_size"])
+        self.start_consumed_samples = consumed_samples
+        self.consumed_samples = consumed_samples
+
+    def reset(self) -> None:
+        """Start again from the ``consumed_samples`` given at construction."""
+        self.consumed_samples = self.start_consumed_samples
+        self.current = None
+        self._cache.clear()
+
+    def load_sample(self, sample_id: int) -> Mapping[str, Any]:
+        return self._get(sample_id)
+
+    def plan_step_at(self, consumed_samples: int) -> tuple[StepBatches, DPSchedule]:
+        """The step that starts after ``consumed_samples`` samples (this rank's part, and the plan)."""
+        total = len(self.lengths)
+        if consumed_samples >= total:
+            raise StopIteration(f"all {total} samples consumed")
+        stop = min(consumed_samples + self.global_batch_size, total)
+        plan = build_dp_schedule(list(self.lengths[consumed_samples:stop]), **self.schedule_kwargs)
+        assert plan.num_steps == 1, "one global batch plans as one step"
+        local = plan.rank_step_micro_batches(self.rank, 0)
+        batches = StepBatches(
+            step=consumed_samples // self.global_batch_size,
+            micro_batches=tuple(tuple(consumed_samples + i for i in mb) for mb in local),
+            num_samples=plan.step_num_samples[0],
+        )
+        return batches, plan
+
+    def _plan_next_step(self) -> StepBatches:
+        batches, plan = self.plan_step_at(self.consumed_samples)
+        if self.verify != "off":
+            plan.check()
+        self.consumed_samples += plan.step_num_samples[0]
+        return batches
