@@ -53,6 +53,51 @@ def best_fit_decreasing(items: Sequence[int], sizes: Sequence[int], cap: int) ->
     return bins
 
 
+def first_fit(items: Sequence[int], sizes: Sequence[int], cap: int) -> list[list[int]]:
+    """First fit in arrival order (O(n log n)); a sample over the cap gets its own micro-batch."""
+    bins: list[list[int]] = []
+    tree = _ResidualTree(len(items))
+    for item in items:
+        size = sizes[item]
+        b = tree.leftmost_at_least(size) if size <= cap else None
+        if b is None:
+            b = len(bins)
+            bins.append([])
+            tree.set(b, cap if size <= cap else 0)
+        bins[b].append(item)
+        if size <= cap:
+            tree.set(b, tree.get(b) - size)
+    return bins
+
+
+class _ResidualTree:
+    """Max segment tree over bin residuals: finds the first bin with room in O(log n)."""
+
+    def __init__(self, capacity: int) -> None:
+        self._size = 1
+        while self._size < max(1, capacity):
+            self._size *= 2
+        self._tree = [-1] * (2 * self._size)
+
+    def get(self, index: int) -> int:
+        return self._tree[self._size + index]
+
+    def set(self, index: int, value: int) -> None:
+        node = self._size + index
+        self._tree[node] = value
+        while node > 1:
+            node //= 2
+            self._tree[node] = max(self._tree[2 * node], self._tree[2 * node + 1])
+
+    def leftmost_at_least(self, value: int) -> int | None:
+        if self._tree[1] < value:
+            return None
+        node = 1
+        while node < self._size:
+            node = 2 * node if self._tree[2 * node] >= value else 2 * node + 1
+        return node - self._size
+
+
 def worst_fit_decreasing(
     items: Sequence[int], sizes: Sequence[int], cap: int, num_bins: int
 ) -> list[list[int]] | None:

@@ -26,7 +26,8 @@ Steps (per optimizer step):
    samples than ``M``. A rank whose samples need more than ``M`` hands the
    samples of its emptiest micro-batches to the least-loaded ranks with room.
 5. If that fails, retry with the next legal ``M``, up to the count from one
-   global best-fit-decreasing packing; at that count the global micro-batches
+   global packing (the better of best-fit decreasing and first fit in arrival
+   order, so never more than a global first fit); at that count the global micro-batches
    are split to ``M * dp_size`` and dealt to ranks by LPT, which always works.
    ``balance="none"`` goes straight to this, dealing micro-batches round-robin.
 6. Order each rank's micro-batches: with ``pp_size > 1`` the cheapest at both
@@ -62,6 +63,7 @@ from megatron_dpsched.core.ordering import order_micro_batches, resolve_order
 from megatron_dpsched.core.packing import (
     best_fit_decreasing,
     bin_lower_bound,
+    first_fit,
     pack_into,
     split_to_count,
 )
@@ -374,7 +376,7 @@ def _plan_dynamic(sizes: list[int], costs: list[float], *, config: ScheduleConfi
         if plan is not None:
             return plan
         if upper is None:
-            bins = best_fit_decreasing(items, sizes, cap)
+            bins = min(best_fit_decreasing(items, sizes, cap), first_fit(items, sizes, cap), key=len)
             upper = layout.align(math.ceil(len(bins) / dp))
         if num_microbatches >= upper:
             return _plan_by_bins(bins, sizes, costs, config=config)
