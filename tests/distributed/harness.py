@@ -1,0 +1,185 @@
+"""Test-only Megatron set-up on CPU/gloo: a tiny GPT, real ``setup_model_and_optimizer``.
+
+Used inside the processes spawned by :mod:`tests.distributed.launcher`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+VOCAB = 64
+NUM_LAYERS = 4
+GLOBAL_BATCH = 8
+TRAIN_ITERS = 3
+MAX_TOKENS = 40
+LR = 0.5
+
+# Three steps of eight samples whose plans need different micro-batch counts.
+LENGTHS: tuple[int, ...] = (
+    4, 5, 3, 4, 6, 2, 4, 3,            # step 0: 31 tokens, one micro-batch per rank
+    30, 25, 20, 18, 12, 9, 6, 3,       # step 1: 123 tokens, mixed
+    30, 28, 31, 27, 29, 26, 32, 25,    # step 2: 228 tokens, one sample per micro-batch
+    7, 33, 2, 15, 28, 11, 5, 24,       # step 3 (only used by the resume check)
+)
+
+
+def make_sample(sample_id: int) -> dict[str, torch.Tensor]:
+    """Deterministic token sequence for ``sample_id`` (length ``LENGTHS[sample_id]``)."""
+    gen = torch.Generator().manual_seed(1000 + sample_id)
+    seq = torch.randint(1, VOCAB, (LENGTHS[sample_id] + 1,), generator=gen)
+    return {"tokens": seq[:-1], "labels": seq[1:]}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    """A parallel layout to run."""
+
+    tp: int = 1
+    pp: int = 1
+    vpp: int = 1
+    group: int | None = None
+    """``--microbatch-group-size-per-virtual-pipeline-stage``."""
+
+    def argv(self) -> list[str]:
+        """Megatron flags for this layout."""
+        flags = ["--tensor-model-parallel-size", str(self.tp), "--pipeline-model-parallel-size", str(self.pp)]
+        if self.vpp > 1:
+            per_stage = NUM_LAYERS // (self.pp * self.vpp)
+            flags += ["--num-layers-per-virtual-pipeline-stage", str(per_stage)]
+        if self.group is not None:
+            flags += ["--microbatch-group-size-per-virtual-pipeline-stage", str(self.group)]
+        return flags
+
+
+def base_argv(*, train_iters: int = TRAIN_ITERS, extra: Sequence[str] = ()) -> list[str]:
+    """Tiny fp32 GPT, SGD, no dropout, dp-schedule with a token cap."""
+    return [
+        "--num-layers", str(NUM_LAYERS), "--hidden-size", "16", "--num-attention-heads", "2",
+        "--ffn-hidden-size", "32", "--seq-length", "64", "--max-position-embeddings", "64",
+        "--micro-batch-size", "1", "--global-batch-size", str(GLOBAL_BATCH),
+        "--train-iters", str(train_iters), "--lr", str(LR), "--min-lr", str(LR),
+        "--lr-decay-style", "constant", "--optimizer", "sgd", "--sgd-momentum", "0.0",
+        "--weight-decay", "0.0", "--clip-grad", "0.0",
+        "--attention-dropout", "0.0", "--hidden-dropout", "0.0",
+        "--position-embedding-type", "learned_absolute", "--untie-embeddings-and-output-weights",
+        "--transformer-impl", "local", "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion",
+        "--no-bias-gelu-fusion", "--no-bias-dropout-fusion", "--no-persist-layer-norm",
+        "--use-cpu-initialization", "--distributed-backend", "gloo", "--tokenizer-type", "NullTokenizer",
+        "--vocab-size", str(VOCAB), "--log-interval", "1000", "--eval-iters", "0", "--seed", "1234",
+        "--dp-schedule", "--dp-schedule-max-tokens-per-gpu", str(MAX_TOKENS),
+        "--dp-schedule-verify", "strict",
+        *extra,
+    ]
+
+
+def parse_megatron_args(argv: Sequence[str]) -> Any:
+    """Megatron's own ``parse_args`` + ``validate_args`` + ``validate_dp_schedule_args``."""
+    from megatron.training.arguments import parse_args, validate_args
+
+    from megatron_dpsched.megatron.arguments import add_dp_schedule_args, validate_dp_schedule_args
+
+    saved = sys.argv
+    sys.argv = ["pretrain", *argv]
+    try:
+        args = parse_args(extra_args_provider=add_dp_schedule_args)
+    finally:
+        sys.argv = saved
+    validate_args(args)
+    validate_dp_schedule_args(args)
+    args.padded_vocab_size = VOCAB
+    return args
+
+
+def initialize(args: Any) -> None:
+    """Set Megatron's globals and model-parallel groups on the already-initialized gloo group."""
+    from megatron.training.global_vars import set_global_variables
+    from megatron.training.initialize import _initialize_distributed, initialize_megatron
+
+    from megatron_dpsched.megatron import cpu_shim
+
+    set_global_variables(args, build_tokenizer=False)
+    initialize_megatron(allow_no_cuda=True, skip_mpu_initialization=True)
+    with cpu_shim.pretend_one_device():
+        _initialize_distributed(None, None, None)
+    cpu_shim.reset_rng_tracker()
+    torch.manual_seed(args.seed)
+
+
+def teardown() -> None:
+    """Undo :func:`initialize` so another scenario can run in the same process."""
+    from megatron.core import parallel_state
+    from megatron.core.num_microbatches_calculator import destroy_num_microbatches_calculator
+    from megatron.core.rerun_state_machine import destroy_rerun_state_machine
+    from megatron.training.global_vars import destroy_global_vars
+
+    parallel_state.destroy_model_parallel()
+    destroy_num_microbatches_calculator()
+    destroy_global_vars()
+    destroy_rerun_state_machine()
+
+
+def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage: int | None = None,
+                   config: Any = None, pg_collection: Any = None) -> Any:
+    """Tiny GPT with the local (non-TE) layer spec."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.training.arguments import core_transformer_config_from_args
+    from megatron.training.global_vars import get_args
+
+    args = get_args()
+    config = config or core_transformer_config_from_args(args)
+    return GPTModel(
+        config=config, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=VOCAB,
+        max_sequence_length=args.max_position_embeddings, pre_process=pre_process,
+        post_process=post_process, share_embeddings_and_output_weights=False,
+        position_embedding_type="learned_absolute", vp_stage=vp_stage, pg_collection=pg_collection,
+    )
+
+
+def build_model_and_optimizer() -> tuple[list[Any], Any, Any]:
+    """Megatron's real ``setup_model_and_optimizer``, then a layout-independent initialisation."""
+    from megatron.core.enums import ModelType
+    from megatron.training.training import setup_model_and_optimizer
+
+    model, optimizer, scheduler = setup_model_and_optimizer(ModelType.encoder_or_decoder, model_provider)
+    with torch.no_grad():
+        for name, param in global_named_parameters(model).items():
+            param.copy_(deterministic_value(name, param.shape))
+    return model, optimizer, scheduler
+
+
+def deterministic_value(name: str, shape: torch.Size) -> torch.Tensor:
+    """Initial value of the parameter called ``name`` in every layout (norm weights near 1)."""
+    gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+    value = torch.randn(shape, generator=gen) * 0.2
+    return value + 1.0 if "norm" in name and name.endswith("weight") else value
+
+
+def global_named_parameters(model: Sequence[Any]) -> dict[str, torch.nn.Parameter]:
+    """Parameters keyed by a layout-independent name (global decoder layer numbers)."""
+    from megatron.core.utils import unwrap_model
+
+    named = {}
+    for chunk in model:
+        core = unwrap_model(chunk)
+        layers = {f"decoder.layers.{i}.": f"decoder.layers.{layer.layer_number - 1}."
+                  for i, layer in enumerate(core.decoder.layers)}
+        for name, param in core.named_parameters():
+            for local, glob in layers.items():
+                if name.startswith(local):
+                    name = glob + name[len(local):]
+                    break
+            named[name] = param
+    return named
+
+
+def env_for_rank(rank: int, world_size: int) -> None:
+    """The environment Megatron's ``parse_args`` reads."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))

@@ -1,0 +1,161 @@
+"""Scenarios run inside the spawned processes; each returns a picklable result per rank.
+
+A scenario raises on a local failure; cross-rank and cross-layout assertions
+live in the pytest tests, which read the saved results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import harness
+import torch
+from harness import GLOBAL_BATCH, LENGTHS, TRAIN_ITERS, Layout
+
+
+class _GradRecorder:
+    """Wraps ``optimizer.step`` to snapshot every parameter's reduced gradient before each update."""
+
+    def __init__(self, optimizer: Any, params: dict[str, torch.nn.Parameter]) -> None:
+        self.steps: list[dict[str, torch.Tensor]] = []
+        self._params = params
+        self._step = optimizer.step
+        optimizer.step = self
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.steps.append({n: _grad_of(p).clone() for n, p in self._params.items()})
+        return self._step(*args, **kwargs)
+
+
+def _grad_of(param: torch.nn.Parameter) -> torch.Tensor:
+    grad = getattr(param, "main_grad", None)
+    return grad if grad is not None else param.grad
+
+
+class WholeBatchFeed:
+    """Reference data: every step is one micro-batch holding all of that step's samples."""
+
+    @staticmethod
+    def build(num_steps: int) -> Any:
+        from megatron_dpsched.megatron.collate import CollateConfig
+        from megatron_dpsched.megatron.iterator import StepBatches, StepFeed
+
+        class _Feed(StepFeed):
+            def __init__(self) -> None:
+                super().__init__(collate=CollateConfig(format="bshd"), verify="strict")
+                self.next_step = 0
+
+            def load_sample(self, sample_id: int) -> Any:
+                return harness.make_sample(sample_id)
+
+            def _plan_next_step(self) -> StepBatches:
+                step, self.next_step = self.next_step, self.next_step + 1
+                assert step < num_steps
+                ids = tuple(range(step * GLOBAL_BATCH, (step + 1) * GLOBAL_BATCH))
+                return StepBatches(step=step, micro_batches=(ids,), num_samples=GLOBAL_BATCH)
+
+        return _Feed()
+
+
+def _recording_forward_step(records: list[tuple[int, int, tuple[int, ...]]]) -> Callable:
+    from megatron_dpsched.megatron.forward_step import ScheduledForwardStep
+
+    class _Recording(ScheduledForwardStep):
+        def __call__(self, data_iterator: Any, model: Any) -> Any:
+            chunk = getattr(data_iterator, "iterable", data_iterator)
+            batch_step = chunk.feed.current.step
+            item = next(data_iterator)
+            records.append((batch_step, chunk.chunk, tuple(item["sample_ids"].tolist())))
+            return super().__call__(iter([item]), model)
+
+    return _Recording()
+
+
+def _loader(args: Any, *, num_chunks: int, consumed_samples: int = 0) -> Any:
+    from megatron.core import parallel_state
+
+    from megatron_dpsched.megatron import CollateConfig, ScheduledDatasetLoader, schedule_kwargs_from_args
+
+    dp = parallel_state.get_data_parallel_world_size()
+    return ScheduledDatasetLoader(
+        harness.make_sample,
+        lengths=LENGTHS,
+        rank=parallel_state.get_data_parallel_rank(),
+        schedule_kwargs=schedule_kwargs_from_args(args, data_parallel_size=dp),
+        consumed_samples=consumed_samples,
+        num_chunks=num_chunks,
+        collate=CollateConfig(format="bshd"),
+        verify=args.dp_schedule_verify,
+    )
+
+
+def run_training(layout: Layout, *, reference: bool = False) -> dict[str, Any]:
+    """Megatron's real ``train()`` (hence ``train_step``) for TRAIN_ITERS scheduled steps."""
+    from megatron.core import parallel_state
+    from megatron.core.utils import get_model_config
+    from megatron.training.global_vars import get_args
+    from megatron.training.training import train
+
+    from megatron_dpsched.megatron import patch
+
+    args = harness.parse_megatron_args(harness.base_argv() + layout.argv())
+    harness.initialize(args)
+    patch.enable()
+    try:
+        model, optimizer, scheduler = harness.build_model_and_optimizer()
+        params = harness.global_named_parameters(model)
+        recorder = _GradRecorder(optimizer, params)
+        feed = WholeBatchFeed.build(TRAIN_ITERS) if reference else _loader(args, num_chunks=len(model))
+        records: list[tuple[int, int, tuple[int, ...]]] = []
+        train(_recording_forward_step(records), model, optimizer, scheduler, feed.megatron_iterators(),
+              None, None, get_model_config(model[0]), {}, None)
+        args = get_args()
+        result = {
+            "dp_rank": parallel_state.get_data_parallel_rank(),
+            "pp_rank": parallel_state.get_pipeline_model_parallel_rank(),
+            "records": records,
+            "grads": recorder.steps,
+            "weights": {n: p.detach().clone() for n, p in params.items()},
+            "consumed_train_samples": args.consumed_train_samples,
+            "scheduler_num_steps": scheduler.num_steps,
+            "iteration": args.curr_iteration,
+        }
+        if not reference:
+            result.update(_plans_and_resume(args, feed, num_chunks=len(model)))
+        return result
+    finally:
+        patch.disable()
+        harness.teardown()
+
+
+def _plans_and_resume(args: Any, feed: Any, *, num_chunks: int) -> dict[str, Any]:
+    """The plans of the trained steps, and the next step from the feed vs a resumed loader."""
+    plans = [feed.plan_step_at(s * GLOBAL_BATCH)[0] for s in range(TRAIN_ITERS)]
+    resumed = _loader(args, num_chunks=num_chunks, consumed_samples=args.consumed_train_samples)
+    return {
+        "plan_micro_batches": [p.micro_batches for p in plans],
+        "plan_num_samples": [p.num_samples for p in plans],
+        "next_step": feed.begin_step().micro_batches,
+        "resumed_next_step": resumed.begin_step().micro_batches,
+    }
+
+
+def bad_layout() -> dict[str, Any]:
+    """A VPP group below PP must fail before any step, naming the flag."""
+    layout = Layout(pp=2, vpp=2, group=1)
+    try:
+        harness.parse_megatron_args(harness.base_argv() + layout.argv())
+    except (ValueError, AssertionError) as error:
+        return {"error": f"{type(error).__name__}: {error}"}
+    return {"error": None}
+
+
+SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
+    "dp2": lambda: run_training(Layout()),
+    "pp2": lambda: run_training(Layout(pp=2)),
+    "pp2_vpp2": lambda: run_training(Layout(pp=2, vpp=2)),
+    "dp2_pp2": lambda: run_training(Layout(pp=2)),
+    "reference": lambda: run_training(Layout(), reference=True),
+    "bad_layout": bad_layout,
+}

@@ -1,0 +1,117 @@
+"""Real megatron-core ``train()`` / ``train_step`` on CPU/gloo with the dp-schedule data path.
+
+Layouts: DP=2, PP=2, PP=2 with VPP=2 (2 processes) and DP=2 x PP=2 (4 processes);
+the reference is one process training every step's whole global batch as a
+single micro-batch. See ``scenarios.py`` for what runs in the processes.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+import torch
+from harness import GLOBAL_BATCH, LENGTHS, TRAIN_ITERS
+
+pytestmark = pytest.mark.distributed
+
+LAYOUTS = ("dp2", "pp2", "pp2_vpp2", "dp2_pp2")
+NUM_CHUNKS = {"dp2": 1, "pp2": 1, "pp2_vpp2": 2, "dp2_pp2": 1}
+RTOL = 1e-5
+
+
+def _step_samples(step: int) -> list[int]:
+    return list(range(step * GLOBAL_BATCH, (step + 1) * GLOBAL_BATCH))
+
+
+def test_bad_layout_fails_before_training_naming_the_flag(launches) -> None:
+    for result in launches.get("bad_layout"):
+        assert result["error"] is not None, "a VPP group below PP was accepted"
+        assert "--microbatch-group-size-per-virtual-pipeline-stage" in result["error"]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_micro_batches_per_step_follow_the_plan(launches, layout: str) -> None:
+    counts = set()
+    for result in launches.get(layout):
+        read = defaultdict(list)
+        for step, chunk, ids in result["records"]:
+            read[step, chunk].append(ids)
+        for step, planned in enumerate(result["plan_micro_batches"]):
+            counts.add(len(planned))
+            for chunk in range(NUM_CHUNKS[layout]):
+                assert read[step, chunk] == list(planned), f"step {step} chunk {chunk}"
+        assert len(read) == TRAIN_ITERS * NUM_CHUNKS[layout]
+    assert len(counts) > 1, f"the plan should change the micro-batch count between steps, got {counts}"
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_every_sample_of_a_step_trained_exactly_once(launches, layout: str) -> None:
+    by_stage = defaultdict(lambda: defaultdict(list))
+    for result in launches.get(layout):
+        for step, chunk, ids in result["records"]:
+            by_stage[result["pp_rank"], chunk][step].extend(ids)
+    for (stage, chunk), steps in by_stage.items():
+        for step in range(TRAIN_ITERS):
+            assert sorted(steps[step]) == _step_samples(step), f"stage {stage} chunk {chunk} step {step}"
+
+
+def _merged(results: list[dict], key: str, step: int | None = None) -> dict[str, torch.Tensor]:
+    """One tensor per global parameter name, from DP rank 0 of every pipeline stage."""
+    merged: dict[str, torch.Tensor] = {}
+    for result in results:
+        if result["dp_rank"] != 0:
+            continue
+        values = result[key] if step is None else result[key][step]
+        assert not set(values) & set(merged), "a parameter lives on two stages"
+        merged.update(values)
+    return merged
+
+
+def _assert_close(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], what: str) -> None:
+    assert set(actual) == set(expected), f"{what}: parameter names differ"
+    for name, ref in expected.items():
+        err = (actual[name] - ref).norm() / ref.norm().clamp(min=1e-12)
+        assert err < RTOL, f"{what}: {name} relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_gradients_match_whole_batch_reference_every_step(launches, layout: str) -> None:
+    results, (reference,) = launches.get(layout), launches.get("reference")
+    for step in range(TRAIN_ITERS):
+        _assert_close(_merged(results, "grads", step), reference["grads"][step], f"step {step} grads")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_data_parallel_replicas_hold_the_same_gradients(launches, layout: str) -> None:
+    by_stage = defaultdict(list)
+    for result in launches.get(layout):
+        by_stage[result["pp_rank"]].append(result["grads"][0])
+    for replicas in by_stage.values():
+        for other in replicas[1:]:
+            _assert_close(other, replicas[0], "DP replica grads")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_weights_after_training_match_reference(launches, layout: str) -> None:
+    results, (reference,) = launches.get(layout), launches.get("reference")
+    _assert_close(_merged(results, "weights"), reference["weights"], f"weights after {TRAIN_ITERS} steps")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_lr_scheduler_and_consumed_samples_count_trained_samples(launches, layout: str) -> None:
+    for result in launches.get(layout):
+        trained = sum(result["plan_num_samples"])
+        assert trained == TRAIN_ITERS * GLOBAL_BATCH
+        assert result["consumed_train_samples"] == trained
+        assert result["scheduler_num_steps"] == trained
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_resume_from_consumed_samples_gives_the_same_next_plan(launches, layout: str) -> None:
+    next_samples = set(range(TRAIN_ITERS * GLOBAL_BATCH, min(len(LENGTHS), (TRAIN_ITERS + 1) * GLOBAL_BATCH)))
+    seen = set()
+    for result in launches.get(layout):
+        assert result["resumed_next_step"] == result["next_step"]
+        seen.update(i for mb in result["next_step"] for i in mb)
+    assert seen == next_samples
