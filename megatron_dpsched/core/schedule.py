@@ -19,16 +19,21 @@ Steps (per optimizer step):
    ``micro_batch_size`` it is ``align(ceil(samples / (micro_batch_size * dp_size)))``.
 3. Assign samples to ranks, largest cost first, each to the least-loaded rank
    that still has room (``M * C`` capped tokens, or ``M * micro_batch_size``
-   samples).
+   samples). With a token cap, stop here if the busiest rank is within 2% of
+   ``max(mean rank cost, dearest sample)``.
 4. Pack each rank's samples into exactly ``M`` micro-batches: worst-fit
    decreasing (even micro-batches), else best-fit decreasing then splitting
    the fullest micro-batches; empty micro-batches only when a rank has fewer
    samples than ``M``. A rank whose samples need more than ``M`` hands the
    samples of its emptiest micro-batches to the least-loaded ranks with room.
-5. If that fails, retry with the next legal ``M``, up to the count from one
-   global packing (the better of best-fit decreasing and first fit in arrival
-   order, so never more than a global first fit); at that count the global micro-batches
-   are split to ``M * dp_size`` and dealt to ranks by LPT, which always works.
+5. Otherwise (a rank overflowed, or the cap kept ranks from balancing: heavy
+   tails at high fill), retry with the next legal ``M``, up to ``U``, the count
+   of one global packing (the better of best-fit decreasing and first fit in
+   arrival order, so never more than a global first fit), or with
+   ``balance_growth`` up to ``U * (1 + balance_growth)``. A larger ``M`` is
+   kept only if it cuts the busiest rank's cost by more than 2%. If no count
+   up to ``U`` fits, the global micro-batches are split to ``U * dp_size`` and
+   dealt to ranks by LPT, which always works.
    ``balance="none"`` goes straight to this, dealing micro-batches round-robin.
 6. Order each rank's micro-batches: with ``pp_size > 1`` the cheapest at both
    ends (pipeline warm-up and cool-down), the dearest in the middle.
@@ -100,6 +105,10 @@ class ScheduleConfig:
     """``"cost"`` (cost model), ``"tokens"`` (token counts) or ``"none"`` (round-robin)."""
     drop_last: bool = False
     """Drop a trailing partial step (its samples go to ``dropped``) instead of running it smaller."""
+    balance_growth: float = 0.0
+    """With a token cap: the share by which the micro-batch count may exceed that of one global
+    packing when more micro-batches balance the ranks better (heavy tails at high fill). 0 keeps
+    the count at or below a global first fit."""
     microbatch_order: str | None = None
     """``"pipeline"`` (cheap micro-batches at both ends), ``"none"``, or ``None``/``"auto"``:
     ``"pipeline"`` when ``pp_size > 1``. Stored resolved."""
@@ -110,6 +119,8 @@ class ScheduleConfig:
         require_int("cp_size", self.cp_size)
         self.layout.validate()
         self._validate_batching()
+        if not 0.0 <= self.balance_growth <= 10.0:
+            raise ValueError(f"balance_growth must be between 0 and 10, got {self.balance_growth!r}")
         if self.balance not in BALANCE_MODES:
             raise ValueError(f"balance must be one of {', '.join(BALANCE_MODES)}; got {self.balance!r}")
         object.__setattr__(self, "microbatch_order", resolve_order(self.microbatch_order, self.pp_size))
@@ -263,6 +274,7 @@ def build_dp_schedule(
     cost_model: CostFunction | None = None,
     drop_last: bool = False,
     microbatch_order: str | None = None,
+    balance_growth: float = 0.0,
 ) -> DPSchedule:
     """Plan every step of ``lengths`` at once (see the module docstring for the rules)."""
     config = ScheduleConfig(
@@ -277,6 +289,7 @@ def build_dp_schedule(
         balance=balance,
         drop_last=bool(drop_last),
         microbatch_order=microbatch_order,
+        balance_growth=balance_growth,
     )
     return plan_schedule(lengths, config=config, groups=groups, cost_model=cost_model)
 
@@ -364,23 +377,50 @@ def _chunk_by_length(items: list[int], sizes: Sequence[int], num_bins: int) -> R
     return bins
 
 
+BALANCE_TOLERANCE = 0.02
+"""A larger micro-batch count must cut the busiest rank's cost by more than this share to be chosen."""
+
+
 def _plan_dynamic(sizes: list[int], costs: list[float], *, config: ScheduleConfig) -> list[RankPlan]:
-    layout, dp, cap = config.layout, config.dp_size, config.token_cap
+    """Steps 3-5: the smallest count that balances, within the count of one global packing."""
     items = range(len(sizes))
-    num_microbatches = lower_bound_microbatches(sizes, config=config)
     if config.balance == "none":
-        return _plan_by_bins(best_fit_decreasing(items, sizes, cap), sizes, costs, config=config)
-    upper = None
+        return _plan_by_bins(best_fit_decreasing(items, sizes, config.token_cap), sizes, costs, config=config)
+    ideal = max(sum(costs) / config.dp_size, max(costs))
+    num_microbatches = lower_bound_microbatches(sizes, config=config)
+    best, best_peak = None, math.inf
+    global_bins: list[list[int]] | None = None
+    upper = num_microbatches
     while True:
-        plan = _assign_and_pack(sizes, costs, cap=cap, dp=dp, num_microbatches=num_microbatches)
-        if plan is not None:
-            return plan
-        if upper is None:
-            bins = min(best_fit_decreasing(items, sizes, cap), first_fit(items, sizes, cap), key=len)
-            upper = layout.align(math.ceil(len(bins) / dp))
-        if num_microbatches >= upper:
-            return _plan_by_bins(bins, sizes, costs, config=config)
-        num_microbatches = layout.next_legal(num_microbatches)
+        plan = _assign_and_pack(
+            sizes, costs, cap=config.token_cap, dp=config.dp_size, num_microbatches=num_microbatches
+        )
+        if plan is None or _peak_cost(plan, costs) > ideal * (1 + BALANCE_TOLERANCE):
+            global_bins = global_bins or _global_packing(sizes, config.token_cap)
+            upper = config.layout.align(math.ceil(len(global_bins) / config.dp_size))
+            if plan is None and best is None and num_microbatches >= upper:
+                plan = _plan_by_bins(global_bins, sizes, costs, config=config)
+        peak = _peak_cost(plan, costs)
+        if peak < best_peak * (1 - BALANCE_TOLERANCE):
+            best, best_peak = plan, peak
+        if best_peak <= ideal * (1 + BALANCE_TOLERANCE):
+            return best
+        limit = config.layout.align(math.ceil(upper * (1 + config.balance_growth)))
+        if best is not None and num_microbatches >= limit:
+            return best
+        num_microbatches = config.layout.next_legal(num_microbatches)
+
+
+def _global_packing(sizes: list[int], cap: int) -> list[list[int]]:
+    """The better of best-fit decreasing and first fit in arrival order over the whole step."""
+    items = range(len(sizes))
+    return min(best_fit_decreasing(items, sizes, cap), first_fit(items, sizes, cap), key=len)
+
+
+def _peak_cost(plan: list[RankPlan] | None, costs: list[float]) -> float:
+    if plan is None:
+        return math.inf
+    return max(sum(costs[i] for mb in rank for i in mb) for rank in plan)
 
 
 def _plan_by_bins(

@@ -255,3 +255,19 @@ def test_core_imports_without_torch_or_megatron():
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_balance_growth_spends_micro_batches_to_balance_when_the_cap_binds():
+    lengths = [150] + [10] * 30  # the oversize sample fills one micro-batch, its rank has one left
+    tight = plan(lengths, dp_size=2, global_batch_size=31, max_tokens_per_gpu=100, balance="tokens")
+    grown = plan(lengths, dp_size=2, global_batch_size=31, max_tokens_per_gpu=100, balance="tokens",
+                 balance_growth=0.5)
+    assert tight.num_microbatches == (2,)  # the lower bound, as a global first fit would
+    assert tight.stats()[0].imbalance == pytest.approx(250 / 225)
+    assert grown.num_microbatches == (3,)
+    assert grown.stats()[0].imbalance <= 230 / 225  # one 10-token sample from perfect
+
+
+def test_balance_growth_must_be_sane():
+    with pytest.raises(ValueError, match="balance_growth"):
+        build_dp_schedule([10], dp_size=1, global_batch_size=1, max_tokens_per_gpu=10, balance_growth=-1)
