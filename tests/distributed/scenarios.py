@@ -90,7 +90,43 @@ def _loader(args: Any, *, num_chunks: int, consumed_samples: int = 0) -> Any:
     )
 
 
-def run_training(layout: Layout, *, reference: bool = False) -> dict[str, Any]:
+def _precomputed(args: Any, *, num_chunks: int) -> Any:
+    """A shipped plan (JSON round trip) with an extra empty micro-batch per rank and step."""
+    import json
+
+    from megatron.core import parallel_state
+
+    from megatron_dpsched import DPSchedule, build_dp_schedule
+    from megatron_dpsched.megatron import CollateConfig, ScheduledDataIterator, schedule_kwargs_from_args
+
+    dp = parallel_state.get_data_parallel_world_size()
+    kwargs = schedule_kwargs_from_args(args, data_parallel_size=dp)
+    shipped = json.loads(json.dumps(build_dp_schedule(LENGTHS[: TRAIN_ITERS * GLOBAL_BATCH], **kwargs).to_dict()))
+    for rank_batches in shipped["micro_batch_indices"]:
+        offsets = [0]
+        for count in shipped["num_microbatches"]:
+            offsets.append(offsets[-1] + count)
+        for step in reversed(range(TRAIN_ITERS)):
+            rank_batches.insert(offsets[step + 1], [])  # a dummy at the end of every step
+    shipped["num_microbatches"] = [m + 1 for m in shipped["num_microbatches"]]
+    return ScheduledDataIterator(
+        DPSchedule.from_dict(shipped), rank=parallel_state.get_data_parallel_rank(),
+        samples=harness.make_sample, num_chunks=num_chunks, collate=CollateConfig(format="bshd"),
+        verify=args.dp_schedule_verify,
+    )
+
+
+def _evaluate_first_batch(model: Any, feed: Any) -> float | None:
+    """Megatron's real ``evaluate()`` over one scheduled step; the loss on last-stage ranks."""
+    from megatron.core.utils import get_model_config
+    from megatron.training.training import evaluate
+
+    losses, _, _ = evaluate(_recording_forward_step([]), feed.megatron_iterators(), model, None,
+                            get_model_config(model[0]), eval_iters=1)
+    return float(losses["lm loss"]) if losses else None
+
+
+def run_training(layout: Layout, *, reference: bool = False, precomputed: bool = False) -> dict[str, Any]:
     """Megatron's real ``train()`` (hence ``train_step``) for TRAIN_ITERS scheduled steps."""
     from megatron.core import parallel_state
     from megatron.core.utils import get_model_config
@@ -106,7 +142,12 @@ def run_training(layout: Layout, *, reference: bool = False) -> dict[str, Any]:
         model, optimizer, scheduler = harness.build_model_and_optimizer()
         params = harness.global_named_parameters(model)
         recorder = _GradRecorder(optimizer, params)
-        feed = WholeBatchFeed.build(TRAIN_ITERS) if reference else _loader(args, num_chunks=len(model))
+        if reference:
+            feed = WholeBatchFeed.build(TRAIN_ITERS)
+        elif precomputed:
+            feed = _precomputed(args, num_chunks=len(model))
+        else:
+            feed = _loader(args, num_chunks=len(model))
         records: list[tuple[int, int, tuple[int, ...]]] = []
         train(_recording_forward_step(records), model, optimizer, scheduler, feed.megatron_iterators(),
               None, None, get_model_config(model[0]), {}, None)
@@ -121,7 +162,13 @@ def run_training(layout: Layout, *, reference: bool = False) -> dict[str, Any]:
             "scheduler_num_steps": scheduler.num_steps,
             "iteration": args.curr_iteration,
         }
-        if not reference:
+        eval_feed = WholeBatchFeed.build(1) if reference else _loader(args, num_chunks=len(model))
+        result["eval_loss"] = _evaluate_first_batch(model, eval_feed)
+        if precomputed:
+            result["plan_micro_batches"] = [feed.schedule.rank_step_micro_batches(feed.rank, s)
+                                            for s in range(TRAIN_ITERS)]
+            result["plan_num_samples"] = list(feed.schedule.step_num_samples)
+        elif not reference:
             result.update(_plans_and_resume(args, feed, num_chunks=len(model)))
         return result
     finally:
@@ -153,6 +200,7 @@ def bad_layout() -> dict[str, Any]:
 
 SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
     "dp2": lambda: run_training(Layout()),
+    "dp2_precomputed": lambda: run_training(Layout(), precomputed=True),
     "pp2": lambda: run_training(Layout(pp=2)),
     "pp2_vpp2": lambda: run_training(Layout(pp=2, vpp=2)),
     "dp2_pp2": lambda: run_training(Layout(pp=2)),

@@ -15,8 +15,10 @@ from harness import GLOBAL_BATCH, LENGTHS, TRAIN_ITERS
 
 pytestmark = pytest.mark.distributed
 
-LAYOUTS = ("dp2", "pp2", "pp2_vpp2", "dp2_pp2")
-NUM_CHUNKS = {"dp2": 1, "pp2": 1, "pp2_vpp2": 2, "dp2_pp2": 1}
+LOADER_LAYOUTS = ("dp2", "pp2", "pp2_vpp2", "dp2_pp2")
+LAYOUTS = (*LOADER_LAYOUTS, "dp2_precomputed")
+"""``dp2_precomputed``: a shipped DPSchedule (JSON) plus an empty micro-batch per rank and step."""
+NUM_CHUNKS = {"dp2": 1, "pp2": 1, "pp2_vpp2": 2, "dp2_pp2": 1, "dp2_precomputed": 1}
 RTOL = 1e-5
 
 
@@ -108,6 +110,15 @@ def test_lr_scheduler_and_consumed_samples_count_trained_samples(launches, layou
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
+def test_evaluate_loss_matches_reference(launches, layout: str) -> None:
+    (reference,) = launches.get("reference")
+    losses = [r["eval_loss"] for r in launches.get(layout) if r["eval_loss"] is not None]
+    assert losses, "no last-stage rank reported an evaluation loss"
+    for loss in losses:
+        assert loss == pytest.approx(reference["eval_loss"], rel=RTOL)
+
+
+@pytest.mark.parametrize("layout", LOADER_LAYOUTS)
 def test_resume_from_consumed_samples_gives_the_same_next_plan(launches, layout: str) -> None:
     next_samples = set(range(TRAIN_ITERS * GLOBAL_BATCH, min(len(LENGTHS), (TRAIN_ITERS + 1) * GLOBAL_BATCH)))
     seen = set()
