@@ -8,6 +8,7 @@
 * :mod:`.cpu_shim`: dry-run / testing-only CPU device shim (never imported here).
 """
 
+from megatron_dpsched.megatron import patch
 from megatron_dpsched.megatron.arguments import (
     DPScheduleOptions,
     add_dp_schedule_args,
@@ -40,6 +41,7 @@ __all__ = [
     "enable",
     "is_enabled",
     "pad_multiple_for",
+    "patch",
     "schedule_kwargs_from_args",
     "scheduled_loss_func",
     "validate_dp_schedule_args",

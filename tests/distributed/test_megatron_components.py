@@ -1,0 +1,207 @@
+"""Single-process checks of the Megatron-side pieces (flags, patch, collate, iterators)."""
+
+
+from __future__ import annotations
+
+import argparse
+import types
+
+import harness
+import pytest
+import torch
+
+from megatron_dpsched import build_dp_schedule
+from megatron_dpsched.megatron import (
+    CollateConfig,
+    ScheduledDataIterator,
+    ScheduledDatasetLoader,
+    StepBatches,
+    add_dp_schedule_args,
+    collate_micro_batch,
+    pad_multiple_for,
+    patch,
+    validate_dp_schedule_args,
+)
+
+pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"),
+              pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+
+def _args(*argv: str, **overrides: object) -> argparse.Namespace:
+    args = add_dp_schedule_args(argparse.ArgumentParser()).parse_args(["--dp-schedule", *argv])
+    defaults = dict(micro_batch_size=1, pipeline_model_parallel_size=1,
+                    virtual_pipeline_model_parallel_size=None, microbatch_group_size_per_vp_stage=None,
+                    overlap_p2p_comm=True, calculate_per_token_loss=False, global_batch_size=8)
+    return argparse.Namespace(**{**vars(args), **defaults, **overrides})
+
+
+# --- arguments -------------------------------------------------------------------------------
+
+
+def test_validation_turns_on_per_token_loss_and_variable_lengths_under_pp() -> None:
+    args = _args("--dp-schedule-max-tokens-per-gpu", "64", pipeline_model_parallel_size=2)
+    validate_dp_schedule_args(args)
+    assert args.calculate_per_token_loss and args.variable_seq_lengths
+    assert args.moe_token_dispatcher_type == "alltoall"
+
+
+@pytest.mark.parametrize(("argv", "overrides", "flag"), [
+    (("--dp-schedule-max-tokens-per-gpu", "0"), {}, "--dp-schedule-max-tokens-per-gpu"),
+    (("--dp-schedule-max-tokens-per-gpu", "64"), {"micro_batch_size": 2}, "--micro-batch-size"),
+    ((), {"pipeline_model_parallel_size": 4, "virtual_pipeline_model_parallel_size": 2,
+          "microbatch_group_size_per_vp_stage": 2}, "--microbatch-group-size-per-virtual-pipeline-stage"),
+    ((), {"pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 2,
+          "overlap_p2p_comm": False}, "--no-overlap-p2p-communication"),
+    ((), {"rampup_batch_size": [1, 1, 10]}, "--rampup-batch-size"),
+    ((), {"decrease_batch_size_if_needed": True}, "--decrease-batch-size-if-needed"),
+    ((), {"cuda_graph_impl": "full_iteration"}, "--cuda-graph-impl"),
+])
+def test_bad_flags_fail_naming_the_flag(argv: tuple, overrides: dict, flag: str) -> None:
+    with pytest.raises(ValueError, match=flag):
+        validate_dp_schedule_args(_args(*argv, **overrides))
+
+
+def test_validation_is_a_no_op_without_dp_schedule() -> None:
+    args = argparse.Namespace(dp_schedule=False, calculate_per_token_loss=False)
+    validate_dp_schedule_args(args)
+    assert not args.calculate_per_token_loss
+
+
+def test_megatron_parse_args_accepts_the_flags() -> None:
+    args = harness.parse_megatron_args(harness.base_argv(extra=["--dp-schedule-balance", "tokens"]))
+    assert args.dp_schedule and args.dp_schedule_balance == "tokens" and args.calculate_per_token_loss
+
+
+# --- patch -----------------------------------------------------------------------------------
+
+
+def test_enable_disable_are_idempotent_and_restore_the_originals() -> None:
+    import megatron.training.training as training
+
+    originals = {name: getattr(training, name) for name in patch._PATCHED}
+    patch.enable()
+    patch.enable()
+    assert all(getattr(training, name) is not originals[name] for name in originals)
+    patch.disable()
+    patch.disable()
+    assert all(getattr(training, name) is originals[name] for name in originals)
+
+
+def test_check_megatron_rejects_an_unexpected_training_loop() -> None:
+    import megatron.training.training as training
+
+    fake = types.SimpleNamespace(**{name: getattr(training, name) for name in dir(training)})
+    fake.train_step = lambda forward_step_func, data_iterator: None
+    with pytest.raises(RuntimeError, match="train_step"):
+        patch.check_megatron(fake)
+
+
+def test_interleaved_count_is_checked_before_the_schedule_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from megatron.core import parallel_state
+
+    model = [types.SimpleNamespace(config=types.SimpleNamespace(microbatch_group_size_per_vp_stage=2))] * 2
+    monkeypatch.setattr(parallel_state, "get_pipeline_model_parallel_world_size", lambda: 2)
+    monkeypatch.setattr("megatron.core.utils.get_model_config", lambda m: m.config)
+    patch.check_interleaved_count(4, model)
+    with pytest.raises(ValueError, match="--microbatch-group-size-per-virtual-pipeline-stage"):
+        patch.check_interleaved_count(3, model)
+
+
+def test_sample_count_must_be_expressible_in_megatron_units(monkeypatch: pytest.MonkeyPatch) -> None:
+    args = types.SimpleNamespace(micro_batch_size=1, data_parallel_size=2, gtp_weight_remat_size=1)
+    monkeypatch.setattr("megatron.training.global_vars.get_args", lambda: args)
+    assert patch._accounting_count(StepBatches(step=0, micro_batches=((),), num_samples=8)) == 4
+    with pytest.raises(ValueError, match="--global-batch-size"):
+        patch._accounting_count(StepBatches(step=3, micro_batches=((),), num_samples=7))
+
+
+# --- collate ---------------------------------------------------------------------------------
+
+
+def _sample(length: int, start: int = 1) -> dict[str, torch.Tensor]:
+    tokens = torch.arange(start, start + length)
+    return {"tokens": tokens, "labels": tokens + 1}
+
+
+def test_bshd_pads_right_and_masks_padding_and_the_future() -> None:
+    batch = collate_micro_batch([_sample(3), _sample(5)], [7, 9], CollateConfig(format="bshd", pad_multiple=4))
+    assert batch["tokens"].shape == (2, 8)
+    assert batch["loss_mask"].sum(dim=1).tolist() == [3.0, 5.0]
+    mask = batch["attention_mask"]
+    assert mask.shape == (2, 1, 8, 8) and mask.dtype == torch.bool
+    assert not mask[0, 0, 2, :3].any() and mask[0, 0, 2, 3:].all()  # real token sees its past only
+    assert mask[0, 0, 1, 2]  # causal
+    assert batch["sample_ids"].tolist() == [7, 9]
+
+
+def test_thd_packs_with_cu_seqlens_and_per_sequence_padding() -> None:
+    multiple = pad_multiple_for(tensor_parallel_size=2, context_parallel_size=2, sequence_parallel=True)
+    assert multiple == 8
+    batch = collate_micro_batch([_sample(3), _sample(10)], [0, 1], CollateConfig(format="thd", pad_multiple=4))
+    params = batch["packed_seq_params"]
+    assert params.cu_seqlens_q.tolist() == [0, 3, 13]
+    assert params.cu_seqlens_q_padded.tolist() == [0, 4, 16]
+    assert batch["tokens"].shape == (1, 16) and batch["loss_mask"].sum() == 13
+    assert batch["position_ids"][0, 4:7].tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("fmt", ["bshd", "thd"])
+def test_empty_micro_batch_is_a_zero_weight_dummy(fmt: str) -> None:
+    batch = collate_micro_batch([], [], CollateConfig(format=fmt, pad_multiple=2))
+    assert batch["tokens"].numel() == 2 and batch["loss_mask"].sum() == 0
+    assert batch["sample_ids"].numel() == 0
+
+
+# --- iterators -------------------------------------------------------------------------------
+
+
+def _schedule():
+    return build_dp_schedule(harness.LENGTHS[:16], dp_size=2, global_batch_size=8, max_tokens_per_gpu=40)
+
+
+def test_precomputed_iterator_walks_steps_per_chunk_and_resets() -> None:
+    schedule = _schedule()
+    feed = ScheduledDataIterator(schedule, rank=1, samples=harness.make_sample, num_chunks=2, verify="strict")
+    for step in range(schedule.num_steps):
+        planned = feed.begin_step()
+        assert planned.micro_batches == schedule.rank_step_micro_batches(1, step)
+        for chunk in feed.chunks:
+            ids = [tuple(chunk.get_next(["tokens"])["sample_ids"].tolist()) for _ in planned.micro_batches]
+            assert ids == list(planned.micro_batches)
+        feed.end_step()
+    with pytest.raises(StopIteration):
+        feed.begin_step()
+    feed.reset()
+    assert feed.begin_step().step == 0
+
+
+def test_get_next_returns_only_the_requested_keys() -> None:
+    feed = ScheduledDataIterator(_schedule(), rank=0, samples=harness.make_sample)
+    feed.begin_step()
+    assert set(feed.chunks[0].get_next(["labels", "loss_mask"])) == {"labels", "loss_mask", "sample_ids"}
+
+
+def test_strict_verify_catches_a_chunk_that_skipped_micro_batches() -> None:
+    feed = ScheduledDataIterator(_schedule(), rank=0, samples=harness.make_sample, num_chunks=2,
+                                 verify="strict")
+    planned = feed.begin_step()
+    for _ in planned.micro_batches:
+        next(feed.chunks[0])
+    with pytest.raises(RuntimeError, match="strict"):
+        feed.end_step()
+    with pytest.raises(RuntimeError, match="micro-batch"):
+        for _ in range(planned.num_microbatches + 1):
+            next(feed.chunks[1])
+
+
+def test_loader_matches_the_whole_plan_and_resumes_mid_way() -> None:
+    schedule = _schedule()
+    kwargs = dict(dp_size=2, global_batch_size=8, max_tokens_per_gpu=40)
+    loader = ScheduledDatasetLoader(harness.make_sample, lengths=harness.LENGTHS[:16], rank=0,
+                                    schedule_kwargs=kwargs)
+    steps = [loader.begin_step() for _ in range(2)]
+    assert [s.micro_batches for s in steps] == [schedule.rank_step_micro_batches(0, s) for s in range(2)]
+    assert loader.consumed_samples == 16
+    resumed = ScheduledDatasetLoader(harness.make_sample, lengths=harness.LENGTHS[:16], rank=0,
+                                     schedule_kwargs=kwargs, consumed_samples=8)
+    assert resumed.begin_step() == steps[1]
