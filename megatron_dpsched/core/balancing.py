@@ -24,24 +24,35 @@ def lpt_assign(
     """Assign ``items`` to ``num_ranks`` ranks, largest cost first, each to the lightest rank with room.
 
     A rank holds items whose ``weights`` sum to at most ``capacity``. Returns
-    ``None`` when some item fits on no rank.
+    ``None`` when some item fits on no rank. A rank too full for the current
+    item is parked until the items get small enough for it again, so the
+    whole pass costs O(n log n) when weights fall with cost (any cost
+    that grows with length).
     """
+    order = sorted(items, key=lambda i: (-costs[i], -weights[i], i))
+    smallest_left = _suffix_min([weights[i] for i in order])
     ranks: list[list[int]] = [[] for _ in range(num_ranks)]
     used = [0.0] * num_ranks
     heap = [(0.0, r) for r in range(num_ranks)]
-    for item in sorted(items, key=lambda i: (-costs[i], -weights[i], i)):
+    parked: list[tuple[float, float, int]] = []  # (-room, load, rank)
+    previous = float("inf")
+    for position, item in enumerate(order):
         weight = weights[item]
-        skipped = []
+        while parked and (weight > previous or -parked[0][0] >= weight):
+            _, load, rank = heapq.heappop(parked)
+            heapq.heappush(heap, (load, rank))
+        previous = weight
         while heap and used[heap[0][1]] + weight > capacity:
-            skipped.append(heapq.heappop(heap))
+            load, rank = heapq.heappop(heap)
+            room = capacity - used[rank]
+            if room >= smallest_left[position]:
+                heapq.heappush(parked, (-room, load, rank))
         if not heap:
             return None
         load, rank = heapq.heappop(heap)
         ranks[rank].append(item)
         used[rank] += weight
         heapq.heappush(heap, (load + costs[item], rank))
-        for entry in skipped:
-            heapq.heappush(heap, entry)
     return ranks
 
 
@@ -66,3 +77,11 @@ def assign_bins(
     return lpt_assign(
         bin_ids, costs=bin_costs, weights=[1.0] * len(bins), capacity=per_rank, num_ranks=num_ranks
     )
+
+
+def _suffix_min(values: list[float]) -> list[float]:
+    """``out[k] = min(values[k:])``."""
+    out = list(values)
+    for k in range(len(out) - 2, -1, -1):
+        out[k] = min(out[k], out[k + 1])
+    return out

@@ -471,24 +471,18 @@ def _repair_overflow(
                 loads[rank] -= costs[item]
             bins = bins[:num_microbatches]
         bins_per_rank.append(bins)
+    residuals = [[cap - _load(b, sizes) for b in bins] for bins in bins_per_rank]
     for item in sorted(homeless, key=lambda i: -sizes[i]):
-        target = _lightest_bin_with_room(bins_per_rank, loads, sizes, cap=cap, size=sizes[item])
-        if target is None:
+        size = sizes[item]
+        fits = [r for r in range(len(loads)) if residuals[r] and max(residuals[r]) >= size]
+        if not fits:
             return None
-        rank, b = target
+        rank = min(fits, key=lambda r: loads[r])
+        b = next(b for b, room in enumerate(residuals[rank]) if room >= size)
         bins_per_rank[rank][b].append(item)
+        residuals[rank][b] -= size
         loads[rank] += costs[item]
     return [split_to_count(bins, sizes, num_microbatches) for bins in bins_per_rank]
-
-
-def _lightest_bin_with_room(
-    bins_per_rank: list[RankPlan], loads: list[float], sizes: list[int], *, cap: int, size: int
-) -> tuple[int, int] | None:
-    for rank in sorted(range(len(loads)), key=lambda r: loads[r]):
-        for b, items in enumerate(bins_per_rank[rank]):
-            if _load(items, sizes) + size <= cap:
-                return rank, b
-    return None
 
 
 def _load(items: Sequence[int], sizes: Sequence[int]) -> int:
