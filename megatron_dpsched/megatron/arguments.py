@@ -36,8 +36,9 @@ class DPScheduleOptions:
     balance: str
     """``--dp-schedule-balance``: what the planner balances across DP ranks."""
     verify: str
-    """``--dp-schedule-verify``: ``off``, ``check`` (run ``schedule.check()`` every step) or
-    ``strict`` (also check each chunk consumed exactly the planned micro-batches)."""
+    """``--dp-schedule-verify``: ``off``, ``check`` (run ``schedule.check()`` on every step's plan;
+    a precomputed plan is checked once, when its feed is built) or ``strict`` (also check that each
+    model chunk consumed exactly the planned micro-batches)."""
     microbatch_order: str | None
     """``--dp-schedule-microbatch-order``; ``None`` for ``auto``."""
 
@@ -122,20 +123,21 @@ def _check_pipeline_layout(args: Any) -> None:
 
 
 _CONFLICTS = (
-    ("rampup_batch_size", None, "--rampup-batch-size"),
-    ("step_batch_size_schedule", None, "--step-batch-size-schedule"),
-    ("decrease_batch_size_if_needed", False, "--decrease-batch-size-if-needed"),
-    ("hybrid_context_parallel", False, "--hybrid-context-parallel"),
-    ("perform_rl_step", False, "--perform-rl-step"),
-    ("rl_use_sequence_packing", False, "--rl-use-sequence-packing"),
+    ("rampup_batch_size", "--rampup-batch-size"),
+    ("step_batch_size_schedule", "--step-batch-size-schedule"),
+    ("decrease_batch_size_if_needed", "--decrease-batch-size-if-needed"),
+    ("iterations_to_skip", "--iterations-to-skip"),
+    ("hybrid_context_parallel", "--hybrid-context-parallel"),
+    ("perform_rl_step", "--perform-rl-step"),
+    ("rl_use_sequence_packing", "--rl-use-sequence-packing"),
 )
+"""Flags (off when falsy) whose batch handling contradicts a planned step."""
 
 
 def _refuse_conflicts(args: Any) -> None:
-    for attr, default, flag in _CONFLICTS:
-        value = getattr(args, attr, default)
-        if value not in (default, None):
-            raise ValueError(f"{flag} cannot be combined with --dp-schedule (the plan fixes the batch)")
+    for attr, flag in _CONFLICTS:
+        if getattr(args, attr, None):
+            raise ValueError(f"{flag} cannot be combined with --dp-schedule (the plan fixes every step)")
     if getattr(args, "cuda_graph_impl", "none") == "full_iteration":
         raise ValueError("--cuda-graph-impl full_iteration cannot be combined with --dp-schedule "
                          "(micro-batch shapes and counts change every step)")

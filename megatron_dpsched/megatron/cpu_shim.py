@@ -153,6 +153,24 @@ def pretend_one_device() -> Iterator[None]:
         torch.cuda.device_count = original
 
 
+def initialize_megatron_on_cpu(args: Any) -> None:
+    """Megatron's globals and model-parallel groups for ``args`` on an initialized gloo group.
+
+    ``args`` come from Megatron's ``parse_args`` + ``validate_args`` (with
+    ``--distributed-backend gloo``). Skips what cannot run on CPU: the dataset
+    helpers' ``make`` and the CUDA RNG seeding. Call :func:`install` first.
+    """
+    from megatron.training.global_vars import set_global_variables
+    from megatron.training.initialize import _initialize_distributed, initialize_megatron
+
+    set_global_variables(args, build_tokenizer=False)
+    initialize_megatron(allow_no_cuda=True, skip_mpu_initialization=True)
+    with pretend_one_device():
+        _initialize_distributed(None, None, None)
+    reset_rng_tracker()
+    torch.manual_seed(args.seed)
+
+
 @contextlib.contextmanager
 def cpu_device_shim() -> Iterator[None]:
     """``install()`` for the duration of a ``with`` block."""

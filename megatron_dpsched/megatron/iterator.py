@@ -120,6 +120,10 @@ class StepFeed(ABC):
                 )
         self._cache.clear()
 
+    def get_next(self, keys: Sequence[str] | None = None, *, chunk: int = 0) -> dict[str, Any]:
+        """``chunks[chunk].get_next(keys)``: the next micro-batch of the current step."""
+        return self.chunks[chunk].get_next(keys)
+
     def micro_batch(self, index: int) -> dict[str, Any]:
         """Micro-batch ``index`` of the current step, collated once and shared by the chunks."""
         if self.current is None:

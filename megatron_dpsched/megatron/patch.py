@@ -13,8 +13,10 @@ lives here: the plan comes from the data iterator's feed
    starts the feed's next step, checks the step's micro-batch count against the
    interleaved schedule's rule *before* calling (a rejected call would already
    have entered ``no_sync``), and passes the planned ``num_microbatches``
-   instead of the calculator's. Other iterators pass through untouched. Both
-   ``train()`` and ``evaluate()`` get their schedule function through this name.
+   instead of the calculator's. When the rerun state machine replays a step
+   (``RerunDataIterator.replaying``) the same step is run again, not the next.
+   Other iterators pass through untouched. Both ``train()`` and ``evaluate()``
+   get their schedule function through this name.
 2. ``get_num_microbatches``: during a scheduled training step (from the
    forward-backward call until Megatron next calls ``update_num_microbatches``)
    it answers ``step_num_samples / (micro_batch_size * data_parallel_size)``,
@@ -126,12 +128,15 @@ def scheduled_forward_backward(forward_backward_func: Callable[..., Any]) -> Cal
         feed = find_step_feed(kwargs.get("data_iterator"))
         if feed is None:
             return forward_backward_func(**kwargs)
-        step = feed.begin_step()
+        replay = is_replaying(kwargs["data_iterator"])
+        step = feed.current if replay else feed.begin_step()
+        assert step is not None, "a rerun replays a step that has started"
         check_interleaved_count(step.num_microbatches, kwargs["model"])
         if not kwargs.get("forward_only", False):
             _open_step(step)
         result = forward_backward_func(**{**kwargs, "num_microbatches": step.num_microbatches})
-        feed.end_step()
+        if not replay:
+            feed.end_step()
         return result
 
     run.dp_schedule_wrapped = forward_backward_func  # type: ignore[attr-defined]
@@ -147,6 +152,12 @@ def find_step_feed(data_iterator: Any) -> StepFeed | None:
     if len(feeds) > 1 or any(_feed_of(it) is None for it in iterators):
         raise ValueError("dp-schedule: all model chunks' data iterators must come from one feed")
     return next(iter(feeds.values()))
+
+
+def is_replaying(data_iterator: Any) -> bool:
+    """Whether Megatron's rerun state machine is replaying the current step's saved micro-batches."""
+    iterators = data_iterator if isinstance(data_iterator, list) else [data_iterator]
+    return any(getattr(it, "replaying", False) for it in iterators)
 
 
 def _feed_of(iterator: Any) -> StepFeed | None:

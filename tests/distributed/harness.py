@@ -99,17 +99,9 @@ def parse_megatron_args(argv: Sequence[str]) -> Any:
 
 def initialize(args: Any) -> None:
     """Set Megatron's globals and model-parallel groups on the already-initialized gloo group."""
-    from megatron.training.global_vars import set_global_variables
-    from megatron.training.initialize import _initialize_distributed, initialize_megatron
-
     from megatron_dpsched.megatron import cpu_shim
 
-    set_global_variables(args, build_tokenizer=False)
-    initialize_megatron(allow_no_cuda=True, skip_mpu_initialization=True)
-    with cpu_shim.pretend_one_device():
-        _initialize_distributed(None, None, None)
-    cpu_shim.reset_rng_tracker()
-    torch.manual_seed(args.seed)
+    cpu_shim.initialize_megatron_on_cpu(args)
 
 
 def teardown() -> None:

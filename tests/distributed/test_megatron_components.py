@@ -205,3 +205,24 @@ def test_loader_matches_the_whole_plan_and_resumes_mid_way() -> None:
     resumed = ScheduledDatasetLoader(harness.make_sample, lengths=harness.LENGTHS[:16], rank=0,
                                      schedule_kwargs=kwargs, consumed_samples=8)
     assert resumed.begin_step() == steps[1]
+
+
+def test_a_rerun_replays_the_same_step_instead_of_advancing(monkeypatch: pytest.MonkeyPatch) -> None:
+    from megatron.core.rerun_state_machine import RerunDataIterator
+
+    monkeypatch.setattr(patch, "_open_step", lambda step: None)
+    feed = ScheduledDataIterator(_schedule(), rank=0, samples=harness.make_sample)
+    wrapped = RerunDataIterator(feed.chunks[0])
+    seen = []
+
+    def schedule(*, data_iterator, model, num_microbatches, forward_only=False):
+        seen.append((feed.current.step, num_microbatches))
+
+    run = patch.scheduled_forward_backward(schedule)
+    run(data_iterator=wrapped, model=[object()], num_microbatches=99)
+    wrapped.replaying = True
+    run(data_iterator=wrapped, model=[object()], num_microbatches=99)
+    wrapped.replaying = False
+    run(data_iterator=wrapped, model=[object()], num_microbatches=99)
+    assert [s for s, _ in seen] == [0, 0, 1]
+    assert [m for _, m in seen] == [len(feed.schedule.rank_step_micro_batches(0, s)) for s in (0, 0, 1)]
