@@ -18,6 +18,8 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
+from megatron_dpsched.core.cost import CostModel
+
 BALANCE_CHOICES = ("cost", "tokens", "none")
 VERIFY_CHOICES = ("off", "check", "strict")
 ORDER_CHOICES = ("auto", "pipeline", "none")
@@ -41,6 +43,9 @@ class DPScheduleOptions:
     model chunk consumed exactly the planned micro-batches)."""
     microbatch_order: str | None
     """``--dp-schedule-microbatch-order``; ``None`` for ``auto``."""
+    balance_growth: float
+    """``--dp-schedule-balance-growth``: share of extra micro-batches the planner may spend to balance
+    ranks when the token cap keeps them apart (0: never more than one global packing needs)."""
 
     @classmethod
     def from_args(cls, args: Any) -> DPScheduleOptions:
@@ -52,6 +57,7 @@ class DPScheduleOptions:
             balance=getattr(args, "dp_schedule_balance", "cost"),
             verify=getattr(args, "dp_schedule_verify", "off"),
             microbatch_order=None if order == "auto" else order,
+            balance_growth=getattr(args, "dp_schedule_balance_growth", 0.0),
         )
 
 
@@ -71,6 +77,10 @@ def add_dp_schedule_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
                             "model chunk consumed exactly the planned micro-batches.")
     group.add_argument("--dp-schedule-microbatch-order", choices=ORDER_CHOICES, default="auto",
                        help="Micro-batch order within a step; auto = pipeline when PP > 1.")
+    group.add_argument("--dp-schedule-balance-growth", type=float, default=0.0,
+                       help="Share of extra micro-batches per step the planner may spend to balance "
+                            "ranks when the token cap keeps them apart (heavy tails at high fill); "
+                            "0 never exceeds the count of one global packing.")
     return parser
 
 
@@ -98,6 +108,8 @@ def _check_token_cap(options: DPScheduleOptions, args: Any) -> None:
         return
     if cap < 1:
         raise ValueError(f"--dp-schedule-max-tokens-per-gpu must be >= 1; got {cap}")
+    if not 0.0 <= options.balance_growth <= 10.0:
+        raise ValueError(f"--dp-schedule-balance-growth must be between 0 and 10; got {options.balance_growth}")
     if args.micro_batch_size != 1:
         raise ValueError(
             "--dp-schedule-max-tokens-per-gpu plans micro-batches by tokens; --micro-batch-size "
@@ -162,5 +174,7 @@ def schedule_kwargs_from_args(args: Any, *, data_parallel_size: int) -> dict[str
         "vpp_size": getattr(args, "virtual_pipeline_model_parallel_size", None) or 1,
         "microbatch_group_size_per_vp_stage": getattr(args, "microbatch_group_size_per_vp_stage", None),
         "balance": options.balance,
+        "cost_model": CostModel.from_megatron_args(args) if options.balance == "cost" else None,
         "microbatch_order": options.microbatch_order,
+        "balance_growth": options.balance_growth,
     }
