@@ -38,6 +38,22 @@ def _args(*argv: str, **overrides: object) -> argparse.Namespace:
 # --- arguments -------------------------------------------------------------------------------
 
 
+def test_cost_balance_plans_with_a_flops_model_of_the_configured_gpt() -> None:
+    from megatron_dpsched import CostModel
+    from megatron_dpsched.megatron import schedule_kwargs_from_args
+
+    dims = dict(hidden_size=64, num_layers=2, num_attention_heads=4, group_query_attention=True,
+                num_query_groups=2, ffn_hidden_size=128, padded_vocab_size=256, swiglu=False)
+    args = _args("--dp-schedule-max-tokens-per-gpu", "64", "--dp-schedule-balance-growth", "0.25", **dims)
+    kwargs = schedule_kwargs_from_args(args, data_parallel_size=2)
+    assert kwargs["cost_model"] == CostModel(hidden_size=64, num_layers=2, num_attention_heads=4,
+                                             num_query_groups=2, ffn_hidden_size=128, vocab_size=256)
+    assert kwargs["balance_growth"] == 0.25
+    tokens = schedule_kwargs_from_args(_args("--dp-schedule-balance", "tokens", **dims), data_parallel_size=2)
+    assert tokens["cost_model"] is None
+    build_dp_schedule([5, 60, 7, 30], **kwargs).check()
+
+
 def test_validation_turns_on_per_token_loss_and_variable_lengths_under_pp() -> None:
     args = _args("--dp-schedule-max-tokens-per-gpu", "64", pipeline_model_parallel_size=2)
     validate_dp_schedule_args(args)
@@ -55,6 +71,8 @@ def test_validation_turns_on_per_token_loss_and_variable_lengths_under_pp() -> N
     ((), {"rampup_batch_size": [1, 1, 10]}, "--rampup-batch-size"),
     ((), {"decrease_batch_size_if_needed": True}, "--decrease-batch-size-if-needed"),
     ((), {"cuda_graph_impl": "full_iteration"}, "--cuda-graph-impl"),
+    (("--dp-schedule-max-tokens-per-gpu", "64", "--dp-schedule-balance-growth", "-1"), {},
+     "--dp-schedule-balance-growth"),
 ])
 def test_bad_flags_fail_naming_the_flag(argv: tuple, overrides: dict, flag: str) -> None:
     with pytest.raises(ValueError, match=flag):
