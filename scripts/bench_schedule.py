@@ -17,6 +17,7 @@ time. It then checks the targets and exits non-zero if one is missed::
 
     python scripts/bench_schedule.py              # full table (a few minutes on one core)
     python scripts/bench_schedule.py --quick      # dp 8 and 64 only
+    python scripts/bench_schedule.py --markdown docs/bench_schedule.md --readme README.md
 """
 
 from __future__ import annotations
@@ -162,6 +163,37 @@ def markdown(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def summary(rows: list[Row]) -> str:
+    """One line per setting: micro-batches / lower bound and imbalance / its bound, for every method."""
+    methods = list(dict.fromkeys(r.method for r in rows))
+    lines = [
+        "| lengths | dp | cap | " + " | ".join(methods) + " |",
+        "|---|---:|---:|" + "---:|" * len(methods),
+    ]
+    by_setting: dict[tuple, dict[str, Row]] = {}
+    for row in rows:
+        by_setting.setdefault((row.dataset, row.dp, row.cap), {})[row.method] = row
+    for (dataset, dp, cap), cells in by_setting.items():
+        text = [f"{cells[m].microbatches / cells[m].lower_bound:.2f} / {cells[m].relative_imbalance:.3f}"
+                for m in methods]
+        lines.append(f"| {dataset} | {dp} | {cap} | " + " | ".join(text) + " |")
+    return "\n".join(lines)
+
+
+README_START = "<!-- bench_schedule:start (written by scripts/bench_schedule.py --readme) -->"
+README_END = "<!-- bench_schedule:end -->"
+
+
+def update_readme(path: Path, text: str) -> None:
+    """Replace the block between the bench markers of ``path`` with ``text``."""
+    content = path.read_text(encoding="utf-8")
+    if README_START not in content or README_END not in content:
+        raise ValueError(f"--readme: {path} has no bench markers")
+    head, rest = content.split(README_START, 1)
+    _, tail = rest.split(README_END, 1)
+    path.write_text(f"{head}{README_START}\n{text}\n{README_END}{tail}", encoding="utf-8")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     default_dir = Path(__file__).resolve().parents[2] / "shared" / "data" / "lengths"
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -171,7 +203,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--samples-per-rank", type=int, default=32)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--quick", action="store_true", help="dp 8 and 64 only")
-    parser.add_argument("--markdown", type=Path, help="also write the table here")
+    parser.add_argument("--markdown", type=Path, help="also write the full table here")
+    parser.add_argument("--readme", type=Path, help="replace the summary between the bench markers of this file")
     return parser.parse_args(argv)
 
 
@@ -190,10 +223,15 @@ def main(argv: list[str] | None = None, *, log: Callable[[str], None] = print) -
                 rows.extend(run_setting(pool, dataset=dataset, dp=dp, cap=cap, args=args))
     table = markdown(rows)
     log(table)
+    log("\nmicro-batches / aligned lower bound  /  imbalance / its lower bound (1.00 / 1.000 is ideal):\n")
+    log(summary(rows))
     if args.markdown:
-        args.markdown.write_text(table + "\n", encoding="utf-8")
+        args.markdown.write_text(table + "\n\n" + summary(rows) + "\n", encoding="utf-8")
     seconds = timing_check(load_pool(datasets[0] if datasets else "synthetic_heavy_tail", args.lengths_dir))
-    log(f"\nplanning 65,536 samples on 512 ranks (cap 16384): {seconds:.3f} s (target < 0.5 s)")
+    timing = f"planning 65,536 samples on 512 ranks (cap 16384), best of 3: {seconds:.3f} s (target < 0.5 s)"
+    log("\n" + timing)
+    if args.readme:
+        update_readme(args.readme, summary(rows) + "\n\n" + timing[0].upper() + timing[1:] + ".")
     misses = check_targets(rows, args.samples_per_rank) + ([] if seconds < 0.5 else ["planning time >= 0.5 s"])
     log("targets: all met" if not misses else "targets missed:\n  " + "\n  ".join(misses))
     return 1 if misses else 0
