@@ -1,0 +1,90 @@
+"""Per-step, per-rank statistics of a Megatron training run, measured while it trains.
+
+:class:`StepRecorder` sees every micro-batch a rank's forward step reads (``on_batch``)
+and wraps ``megatron.training.training.train_step`` (:meth:`install`, after
+``patch.enable()``), so each optimizer step writes one JSON line to
+``<dir>/rank<global rank>.jsonl``::
+
+    {"step", "dp_rank", "pp_rank", "tp_rank", "micro_batches", "samples",
+     "tokens", "padded_tokens", "step_time_s", "loss", "lr"}
+
+``tokens`` are loss tokens (real sample positions), ``padded_tokens`` the
+positions the micro-batch tensors hold (padding included); ``loss`` is
+Megatron's reduced ``lm loss`` (``None`` off the last pipeline stage) and
+``lr`` the learning rate the step used.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+
+class StepRecorder:
+    """Collects one rank's micro-batches per step and appends a JSON line per trained step."""
+
+    def __init__(self, directory: str | Path, *, rank: int, ranks: Mapping[str, int]) -> None:
+        self.path = Path(directory) / f"rank{rank}.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text("")
+        self.ranks = dict(ranks)
+        self.step = 0
+        self._batches: list[tuple[int, int, int]] = []
+
+    def on_batch(self, batch: Mapping[str, Any]) -> None:
+        """Record one micro-batch: (samples, loss tokens, padded positions)."""
+        mask = batch["loss_mask"]
+        ids = batch.get("sample_ids")
+        samples = ids.numel() if ids is not None else batch["tokens"].shape[0]
+        self._batches.append((int(samples), int(mask.sum().item()), int(batch["tokens"].numel())))
+
+    def install(self, module: Any) -> None:
+        """Wrap ``module.train_step`` (call after ``patch.enable()``, which checks the original)."""
+        module.train_step = self.wrap(module.train_step)
+
+    def wrap(self, train_step: Callable[..., Any]) -> Callable[..., Any]:
+        """``train_step`` that times the step and records its loss and learning rate."""
+
+        def timed_train_step(*args: Any, **kwargs: Any) -> Any:
+            optimizer = kwargs.get("optimizer", args[3] if len(args) > 3 else None)
+            lr = _learning_rate(optimizer)
+            start = time.perf_counter()
+            result = train_step(*args, **kwargs)
+            self.write_step(time.perf_counter() - start, result[0], lr)
+            return result
+
+        return timed_train_step
+
+    def write_step(self, seconds: float, loss_dict: Mapping[str, Any], lr: float | None) -> None:
+        """Append the step's line and start the next step."""
+        loss = loss_dict.get("lm loss") if loss_dict else None
+        record = {
+            "step": self.step, **self.ranks,
+            "micro_batches": len(self._batches),
+            "samples": sum(b[0] for b in self._batches),
+            "tokens": sum(b[1] for b in self._batches),
+            "padded_tokens": sum(b[2] for b in self._batches),
+            "step_time_s": seconds,
+            "loss": None if loss is None else float(loss),
+            "lr": lr,
+        }
+        with self.path.open("a") as out:
+            out.write(json.dumps(record) + "\n")
+        self.step += 1
+        self._batches = []
+
+
+def _learning_rate(optimizer: Any) -> float | None:
+    groups = getattr(optimizer, "param_groups", None)
+    return float(groups[0]["lr"]) if groups else None
+
+
+def load_step_records(directory: str | Path) -> list[dict[str, Any]]:
+    """Every rank's step lines from a run's ``--step-stats-dir``."""
+    records = []
+    for path in sorted(Path(directory).glob("rank*.jsonl")):
+        records += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return records

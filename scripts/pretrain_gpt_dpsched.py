@@ -1,0 +1,303 @@
+#!/usr/bin/env python
+"""Pretrain a Megatron GPT on a variable-length JSONL corpus, with or without ``--dp-schedule``.
+
+Launch with ``torchrun`` like Megatron's own GPT entry point (see ``examples/``)::
+
+    torchrun --nproc-per-node 8 scripts/pretrain_gpt_dpsched.py <Megatron flags> \\
+        --data-path corpus.jsonl --tokenizer-type NullTokenizer --vocab-size V \\
+        --dp-schedule --dp-schedule-max-tokens-per-gpu 16384 --micro-batch-size 1
+
+Data: ``--data-path x.jsonl``, one ``{"tokens": [id, ...]}`` per line (a line of ``L`` ids
+is a sample of ``L - 1`` positions; every sample must fit ``--seq-length``).
+
+* With ``--dp-schedule`` each step's ``--global-batch-size`` samples are planned globally
+  (token cap, micro-batch count per step, DP balance) by ``ScheduledDatasetLoader``, which
+  Megatron gets as an external data loader (``--dataloader-type external`` is set; one
+  iterator per virtual pipeline chunk, all from one feed).
+* Without it: Megatron's ordinary path, samples right-padded to ``--seq-length``,
+  ``MegatronPretrainingSampler``, ``--micro-batch-size`` fixed micro-batches.
+
+Both use the same per-token loss (``calculate_per_token_loss`` is always on), so on the same
+data and global batch size the two runs train the same maths.
+
+GPU runs go through Megatron's plain ``pretrain()``. ``--cpu-dry-run`` is a CPU-only
+dry run for demos and tests (``scripts/demo.py``): it refuses to start where CUDA is
+available, installs ``megatron_dpsched.megatron.cpu_shim`` (maps CUDA placement to CPU),
+initializes Megatron with ``initialize_megatron_on_cpu`` on a gloo group, then runs
+Megatron's real ``setup_model_and_optimizer``, data-iterator builder and ``train()``.
+``--step-stats-dir DIR`` writes per-step, per-rank statistics (``megatron_dpsched.demo.stats``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from megatron_dpsched.data import PaddedSampleDataset, TokenJsonlDataset  # noqa: E402
+from megatron_dpsched.demo.stats import StepRecorder  # noqa: E402
+from megatron_dpsched.megatron import (  # noqa: E402
+    CollateConfig,
+    ScheduledDatasetLoader,
+    ScheduledForwardStep,
+    add_dp_schedule_args,
+    pad_multiple_for,
+    patch,
+    schedule_kwargs_from_args,
+    validate_dp_schedule_args,
+)
+
+DRY_RUN_FLAG = "--cpu-dry-run"
+_state: dict[str, Any] = {}
+"""Process-wide objects: the corpus, the scheduled feed (shared by VPP chunks), the recorder."""
+
+
+# --- arguments --------------------------------------------------------------------------------
+
+
+def extra_args_provider(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The plugin's ``--dp-schedule*`` flags plus this entry point's own."""
+    add_dp_schedule_args(parser)
+    group = parser.add_argument_group(title="pretrain_gpt_dpsched")
+    group.add_argument(DRY_RUN_FLAG, action="store_true",
+                       help="CPU-only dry run (demo/tests): CUDA shim + gloo + Megatron's real train(). "
+                            "Refused where CUDA is available.")
+    group.add_argument("--collate-format", choices=("bshd", "thd"), default="bshd",
+                       help="--dp-schedule micro-batch layout: padded rows (bshd) or packed (thd, "
+                            "needs an attention backend that takes PackedSeqParams).")
+    group.add_argument("--step-stats-dir", default=None,
+                       help="Write per-step statistics to DIR/rank<r>.jsonl.")
+    return parser
+
+
+def adjust_args(args: argparse.Namespace) -> None:
+    """Check the data flags and set what this entry point needs (after Megatron's validation)."""
+    paths = args.data_path or []
+    if len(paths) != 1 or not str(paths[0]).endswith(".jsonl"):
+        raise ValueError(f"--data-path takes exactly one .jsonl file of {{\"tokens\": [...]}} lines; got {paths}")
+    if not Path(paths[0]).is_file():
+        raise ValueError(f"--data-path {paths[0]} does not exist")
+    validate_dp_schedule_args(args)
+    args.calculate_per_token_loss = True
+    if args.eval_interval is None:  # no validation set is built; Megatron still divides by it
+        args.eval_interval = args.train_iters or 1
+    if args.dp_schedule:
+        args.dataloader_type = "external"
+
+
+def parse_arguments(dry_run: bool) -> argparse.Namespace:
+    """Megatron's parse + validate (+ global variables on the ``pretrain`` path), then ours."""
+    from megatron.training.arguments import parse_and_validate_args, parse_args, validate_args
+
+    if dry_run:
+        args = parse_args(extra_args_provider)
+        validate_args(args)
+    else:
+        args = parse_and_validate_args(extra_args_provider=extra_args_provider)
+    adjust_args(args)
+    return args
+
+
+# --- model ------------------------------------------------------------------------------------
+
+
+def layer_spec(args: argparse.Namespace) -> Any:
+    """Transformer Engine layer spec when ``--transformer-impl transformer_engine``, else local."""
+    from megatron.core.models.gpt import gpt_layer_specs as specs
+
+    options = {"num_experts": args.num_experts, "moe_grouped_gemm": args.moe_grouped_gemm,
+               "qk_layernorm": args.qk_layernorm}
+    if args.transformer_impl == "transformer_engine":
+        return specs.get_gpt_layer_with_transformer_engine_spec(**options)
+    return specs.get_gpt_layer_local_spec(**options)
+
+
+def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage: int | None = None,
+                   config: Any = None, pg_collection: Any = None) -> Any:
+    """A ``GPTModel`` built from Megatron's arguments."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.training.arguments import core_transformer_config_from_args
+    from megatron.training.global_vars import get_args
+
+    args = get_args()
+    return GPTModel(
+        config=config or core_transformer_config_from_args(args),
+        transformer_layer_spec=layer_spec(args),
+        vocab_size=args.padded_vocab_size,
+        max_sequence_length=args.max_position_embeddings,
+        pre_process=pre_process,
+        post_process=post_process,
+        parallel_output=True,
+        share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+        position_embedding_type=args.position_embedding_type,
+        rotary_percent=args.rotary_percent,
+        rotary_base=args.rotary_base,
+        vp_stage=vp_stage,
+        pg_collection=pg_collection,
+    )
+
+
+# --- data -------------------------------------------------------------------------------------
+
+
+def corpus(args: argparse.Namespace) -> TokenJsonlDataset:
+    """The ``--data-path`` corpus, loaded once per process."""
+    if "corpus" not in _state:
+        _state["corpus"] = TokenJsonlDataset(args.data_path[0])
+    return _state["corpus"]
+
+
+def scheduled_feed(args: argparse.Namespace) -> ScheduledDatasetLoader:
+    """One ``ScheduledDatasetLoader`` per process, its chunk iterators shared out to VPP stages."""
+    if "feed" not in _state:
+        from megatron.core import parallel_state as mpu
+
+        samples = corpus(args)
+        longest = max(samples.lengths)
+        if longest > args.seq_length:
+            raise ValueError(f"--seq-length {args.seq_length} is shorter than the longest sample "
+                             f"({longest} tokens) of --data-path {samples.path}")
+        multiple = pad_multiple_for(tensor_parallel_size=args.tensor_model_parallel_size,
+                                    context_parallel_size=args.context_parallel_size,
+                                    sequence_parallel=args.sequence_parallel)
+        _state["feed"] = ScheduledDatasetLoader(
+            samples,
+            lengths=samples.lengths,
+            rank=mpu.get_data_parallel_rank(),
+            schedule_kwargs=schedule_kwargs_from_args(args, data_parallel_size=mpu.get_data_parallel_world_size()),
+            consumed_samples=args.consumed_train_samples,
+            num_chunks=args.virtual_pipeline_model_parallel_size or 1,
+            collate=CollateConfig(format=args.collate_format, pad_multiple=multiple),
+            verify=args.dp_schedule_verify,
+        )
+    return _state["feed"]
+
+
+def train_valid_test_datasets_provider(num_samples: Any, vp_stage: int | None = None) -> tuple[Any, None, None]:
+    """Training data only (no validation / test sets): the scheduled chunk or the padded dataset."""
+    from megatron.training.global_vars import get_args
+
+    args = get_args()
+    if args.dp_schedule:
+        return scheduled_feed(args).chunks[vp_stage or 0], None, None
+    return PaddedSampleDataset(corpus(args), seq_length=args.seq_length), None, None
+
+
+train_valid_test_datasets_provider.is_distributed = True  # every TP rank reads its own batches
+
+
+# --- forward step -----------------------------------------------------------------------------
+
+
+_forward = ScheduledForwardStep()
+
+
+def forward_step(data_iterator: Any, model: torch.nn.Module) -> Any:
+    """Per-token-loss forward step for both data paths (the padded path brings no attention mask)."""
+    batch = next(data_iterator)
+    batch.setdefault("attention_mask", None)  # causal mask type; right padding is loss-masked
+    recorder = _state.get("recorder")
+    if recorder is not None and getattr(getattr(data_iterator, "iterable", data_iterator), "chunk", 0) == 0:
+        recorder.on_batch(batch)
+    return _forward(iter([batch]), model)
+
+
+def install_hooks(args: argparse.Namespace) -> None:
+    """``patch.enable()`` for ``--dp-schedule``; the statistics recorder for ``--step-stats-dir``."""
+    import megatron.training.training as training
+    from megatron.core import parallel_state as mpu
+
+    if args.dp_schedule:
+        patch.enable()
+    if args.step_stats_dir:
+        ranks = {"dp_rank": mpu.get_data_parallel_rank(), "pp_rank": mpu.get_pipeline_model_parallel_rank(),
+                 "tp_rank": mpu.get_tensor_model_parallel_rank()}
+        _state["recorder"] = StepRecorder(args.step_stats_dir, rank=torch.distributed.get_rank(), ranks=ranks)
+        _state["recorder"].install(training)
+
+
+# --- the two ways in --------------------------------------------------------------------------
+
+
+def run_pretrain(args: argparse.Namespace) -> None:
+    """The GPU path: Megatron's ``pretrain()``."""
+    from megatron.core.enums import ModelType
+    from megatron.training.argument_utils import pretrain_cfg_container_from_args
+    from megatron.training.training import pretrain
+
+    _state["install_hooks_on_model_build"] = True
+    pretrain(pretrain_cfg_container_from_args(args), train_valid_test_datasets_provider,
+             ModelType.encoder_or_decoder, forward_step, model_provider=_model_provider_with_hooks)
+
+
+def _model_provider_with_hooks(*args: Any, **kwargs: Any) -> Any:
+    """``model_provider``; the first call (model-parallel groups exist by then) installs the hooks."""
+    if _state.pop("install_hooks_on_model_build", False):
+        from megatron.training.global_vars import get_args
+
+        install_hooks(get_args())
+    return model_provider(*args, **kwargs)
+
+
+def run_cpu_dry_run(args: argparse.Namespace) -> None:
+    """CPU-only dry run: gloo + CUDA shim + Megatron's real model/optimizer set-up, data path and ``train()``."""
+    if torch.cuda.is_available():
+        raise ValueError(f"{DRY_RUN_FLAG} is a CPU-only dry run and refuses to start where CUDA is "
+                         f"available; drop the flag to train with pretrain()")
+    if args.distributed_backend != "gloo":
+        raise ValueError(f"{DRY_RUN_FLAG} needs --distributed-backend gloo; got {args.distributed_backend}")
+    from megatron.core.enums import ModelType
+    from megatron.core.utils import get_model_config
+    from megatron.training import training
+    from megatron.training.vocab_utils import calculate_padded_vocab_size
+
+    from megatron_dpsched.megatron import cpu_shim
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    torch.distributed.init_process_group("gloo")
+    cpu_shim.install()
+    args.padded_vocab_size = calculate_padded_vocab_size(
+        args.vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size, logging_enabled=False)
+    cpu_shim.initialize_megatron_on_cpu(args)
+    install_hooks(args)
+    model, optimizer, scheduler = training.setup_model_and_optimizer(ModelType.encoder_or_decoder, model_provider)
+    train_iter, valid_iter = _data_iterators(len(model))
+    training.train(forward_step, model, optimizer, scheduler, train_iter, valid_iter, None,
+                   get_model_config(model[0]), {}, None)
+    torch.distributed.destroy_process_group()
+
+
+def _data_iterators(num_chunks: int) -> tuple[Any, Any]:
+    """Megatron's ``build_train_valid_test_data_iterators``, once per model chunk as ``pretrain`` does."""
+    import functools
+
+    from megatron.training.training import build_train_valid_test_data_iterators
+
+    if num_chunks == 1:
+        train_iter, valid_iter, _ = build_train_valid_test_data_iterators(train_valid_test_datasets_provider)
+        return train_iter, valid_iter
+    built = []
+    for stage in range(num_chunks):
+        provider = functools.partial(train_valid_test_datasets_provider, vp_stage=stage)
+        provider.is_distributed = True
+        built.append(build_train_valid_test_data_iterators(provider))
+    return [b[0] for b in built], [b[1] for b in built]
+
+
+def main() -> None:
+    dry_run = DRY_RUN_FLAG in sys.argv[1:]
+    args = parse_arguments(dry_run)
+    if dry_run:
+        run_cpu_dry_run(args)
+    else:
+        run_pretrain(args)
+
+
+if __name__ == "__main__":
+    main()
