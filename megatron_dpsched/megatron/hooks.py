@@ -1,0 +1,177 @@
+"""The three hook functions Megatron's training loop calls for ``--dp-schedule``.
+
+Both integrations call exactly these functions, so they behave the same:
+
+* the monkey-patch (:func:`megatron_dpsched.megatron.patch.enable`) installs them
+  in place of three names in ``megatron.training.training``;
+* the source patch (``patches/megatron_training_dpsched.patch``, applied with
+  ``scripts/apply_megatron_patch.sh``) calls them explicitly from
+  ``megatron/training/training.py``; each call line is marked ``# megatron-dpsched``.
+
+The hooks:
+
+1. :func:`forward_backward_func` wraps the function returned by Megatron's
+   ``get_forward_backward_func`` (in ``train()`` and ``evaluate()``). When the
+   ``data_iterator`` it is called with is a scheduled chunk iterator (or a list
+   of them, possibly inside Megatron's ``RerunDataIterator``), the wrapper
+   starts the feed's next step, checks the step's micro-batch count against the
+   interleaved schedule's rule *before* calling (a rejected call would already
+   have entered ``no_sync``), and passes the planned ``num_microbatches``
+   instead of the calculator's. When the rerun state machine replays a step
+   (``RerunDataIterator.replaying``) the same step is run again, not the next.
+   Other iterators pass through untouched, and with ``--dp-schedule`` off
+   (``args.dp_schedule is False``) the function is returned unwrapped.
+2. :func:`num_microbatches` replaces ``get_num_microbatches()``. During a
+   scheduled training step (from the forward-backward call until Megatron next
+   updates the micro-batch calculator) it answers
+   ``step_num_samples / (micro_batch_size * data_parallel_size)``, so
+   ``train_step``'s LR-scheduler increment and ``train()``'s
+   ``consumed_train_samples`` grow by exactly the samples the step trained.
+   Outside that window it is Megatron's calculator, so ``train()``'s
+   "micro-batches never decrease" assert keeps seeing the constant count.
+3. :func:`on_update_num_microbatches` closes that window; Megatron calls it
+   right before ``update_num_microbatches``.
+
+No plan is computed here: the plan comes from the data iterator's feed
+(:mod:`megatron_dpsched.megatron.iterator`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from megatron_dpsched.megatron.iterator import StepBatches, StepFeed
+
+_GROUP_FLAG = "--microbatch-group-size-per-virtual-pipeline-stage"
+
+_active_step: StepBatches | None = None
+
+
+# --- the hooks -------------------------------------------------------------------------------
+
+
+def forward_backward_func(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Hook 1: ``func`` (a Megatron schedule), wrapped so scheduled iterators set ``num_microbatches``."""
+    if _dp_schedule_off():
+        return func
+    return scheduled_forward_backward(func)
+
+
+def num_microbatches() -> int:
+    """Hook 2: ``get_num_microbatches()``, or the active scheduled step's count in Megatron units."""
+    if _active_step is None:
+        from megatron.core.num_microbatches_calculator import get_num_microbatches
+
+        return get_num_microbatches()
+    return _accounting_count(_active_step)
+
+
+def on_update_num_microbatches() -> None:
+    """Hook 3: the scheduled step is over (Megatron is about to update its micro-batch calculator)."""
+    global _active_step
+    _active_step = None
+
+
+def active_step() -> StepBatches | None:
+    """The scheduled training step whose sample count :func:`num_microbatches` reports, if any."""
+    return _active_step
+
+
+# --- 1. the forward-backward wrapper ---------------------------------------------------------
+
+
+def _dp_schedule_off() -> bool:
+    from megatron.training import global_vars
+
+    args = getattr(global_vars, "_GLOBAL_ARGS", None)  # get_args() asserts when unset
+    return getattr(args, "dp_schedule", None) is False
+
+
+def scheduled_forward_backward(forward_backward_func: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a Megatron forward-backward function so scheduled iterators set ``num_microbatches``."""
+
+    @functools.wraps(forward_backward_func)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        feed = None if args else find_step_feed(kwargs.get("data_iterator"))
+        if feed is None:
+            return forward_backward_func(*args, **kwargs)
+        replay = is_replaying(kwargs["data_iterator"])
+        step = feed.current if replay else feed.begin_step()
+        assert step is not None, "a rerun replays a step that has started"
+        check_interleaved_count(step.num_microbatches, kwargs["model"])
+        if not kwargs.get("forward_only", False):
+            _open_step(step)
+        result = forward_backward_func(**{**kwargs, "num_microbatches": step.num_microbatches})
+        if not replay:
+            feed.end_step()
+        return result
+
+    run.dp_schedule_wrapped = forward_backward_func  # type: ignore[attr-defined]
+    return run
+
+
+def find_step_feed(data_iterator: Any) -> StepFeed | None:
+    """The :class:`StepFeed` behind Megatron's ``data_iterator`` (one, a list, or rerun-wrapped)."""
+    iterators = data_iterator if isinstance(data_iterator, list) else [data_iterator]
+    feeds = {id(f): f for f in (_feed_of(it) for it in iterators) if f is not None}
+    if not feeds:
+        return None
+    if len(feeds) > 1 or any(_feed_of(it) is None for it in iterators):
+        raise ValueError("dp-schedule: all model chunks' data iterators must come from one feed")
+    return next(iter(feeds.values()))
+
+
+def is_replaying(data_iterator: Any) -> bool:
+    """Whether Megatron's rerun state machine is replaying the current step's saved micro-batches."""
+    iterators = data_iterator if isinstance(data_iterator, list) else [data_iterator]
+    return any(getattr(it, "replaying", False) for it in iterators)
+
+
+def _feed_of(iterator: Any) -> StepFeed | None:
+    inner = getattr(iterator, "iterable", iterator)  # RerunDataIterator keeps the original here
+    feed = getattr(inner, "feed", None)
+    return feed if isinstance(feed, StepFeed) else None
+
+
+def check_interleaved_count(num_microbatches: int, model: Any) -> None:
+    """Raise ``ValueError`` if Megatron's interleaved schedule would reject this count."""
+    if not isinstance(model, list) or len(model) == 1:
+        return
+    from megatron.core import parallel_state
+    from megatron.core.utils import get_model_config
+
+    pp = parallel_state.get_pipeline_model_parallel_world_size()
+    group = get_model_config(model[0]).microbatch_group_size_per_vp_stage
+    remainder = num_microbatches % group
+    if not pp <= group <= num_microbatches or 0 < remainder < pp:
+        raise ValueError(
+            f"dp-schedule planned {num_microbatches} micro-batches, which the interleaved schedule "
+            f"rejects with {_GROUP_FLAG}={group} and PP={pp}; the plan and the model config disagree"
+        )
+
+
+# --- 2./3. the accounting window -------------------------------------------------------------
+
+
+def _open_step(step: StepBatches) -> None:
+    global _active_step
+    _accounting_count(step)  # fail before training if the count is not expressible
+    _active_step = step
+
+
+def _accounting_count(step: StepBatches) -> int:
+    from megatron.training.global_vars import get_args
+
+    args = get_args()
+    remat = getattr(args, "gtp_weight_remat_size", 1)
+    per_microbatch = args.micro_batch_size * args.data_parallel_size * remat
+    count, remainder = divmod(step.num_samples, per_microbatch)
+    if remainder:
+        raise ValueError(
+            f"dp-schedule step {step.step} trains {step.num_samples} samples, not a multiple of "
+            f"--micro-batch-size x data-parallel size = {per_microbatch}; Megatron cannot count it "
+            f"(set --global-batch-size to a multiple, or drop the trailing partial step)"
+        )
+    return count
