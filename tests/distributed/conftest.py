@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,8 +25,11 @@ LAUNCH_TIMEOUT_S = 600
 class LaunchResults:
     """Starts each launch on first use and loads ``<scenario>.rank<r>.pt``."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, launches: dict[str, tuple[int, tuple[str, ...]]] | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.root = root
+        self.launches = LAUNCHES if launches is None else launches
+        self.env = None if env is None else {**os.environ, **env}
         self._logs: dict[str, str] = {}
 
     def _launch(self, launch: str) -> Path:
@@ -33,11 +37,12 @@ class LaunchResults:
         if launch in self._logs:
             return out
         out.mkdir(parents=True, exist_ok=True)
-        world_size, scenarios = LAUNCHES[launch]
+        world_size, scenarios = self.launches[launch]
         cmd = [sys.executable, str(HERE / "launcher.py"), "--world-size", str(world_size),
                "--out", str(out), *scenarios]
         try:
-            proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
+            proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
+                                  env=self.env)
             self._logs[launch] = (proc.stdout + proc.stderr)[-4000:]
         except subprocess.TimeoutExpired as error:
             self._logs[launch] = f"launch timed out after {LAUNCH_TIMEOUT_S}s: {error}"
@@ -47,8 +52,8 @@ class LaunchResults:
         """Per-rank results of ``scenario``; fails the test with the rank's traceback otherwise."""
         import torch
 
-        launch = next(name for name, (_, names) in LAUNCHES.items() if scenario in names)
-        world_size = LAUNCHES[launch][0]
+        launch = next(name for name, (_, names) in self.launches.items() if scenario in names)
+        world_size = self.launches[launch][0]
         out = self._launch(launch)
         results, errors = [], []
         for rank in range(world_size):

@@ -10,6 +10,7 @@ import sys
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -175,3 +176,49 @@ def global_named_parameters(model: Sequence[Any]) -> dict[str, torch.nn.Paramete
 def env_for_rank(rank: int, world_size: int) -> None:
     """The environment Megatron's ``parse_args`` reads."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+
+
+HOOK_MODE_ENV = "DPSCHED_HOOK_MODE"
+"""``monkey`` (default): ``patch.enable()``; ``source``: the source-patched ``training.py`` calls the hooks."""
+PATCHED_MEGATRON_ENV = "DPSCHED_PATCHED_MEGATRON"
+"""In source mode: the directory whose ``megatron/training/training.py`` must be the one imported."""
+
+
+def hook_mode() -> str:
+    """How this process gets the dp-schedule hooks into Megatron (from ``DPSCHED_HOOK_MODE``)."""
+    mode = os.environ.get(HOOK_MODE_ENV, "monkey")
+    if mode not in ("monkey", "source"):
+        raise ValueError(f"{HOOK_MODE_ENV}={mode!r}; expected 'monkey' or 'source'")
+    return mode
+
+
+def install_hooks() -> None:
+    """Monkey mode: ``patch.enable()``. Source mode: check that the patched ``training.py`` is imported."""
+    import megatron.training.training as training
+
+    from megatron_dpsched.megatron import patch
+
+    if hook_mode() == "monkey":
+        patch.enable()
+        assert patch.is_enabled(), f"{training.__file__} is source-patched; monkey mode cannot test enable()"
+        return
+    if not patch.is_source_patched(training):
+        raise RuntimeError(f"source hook mode, but {training.__file__} does not carry the source patch")
+    expected = os.environ.get(PATCHED_MEGATRON_ENV)
+    if expected and not Path(training.__file__).resolve().is_relative_to(Path(expected).resolve()):
+        raise RuntimeError(f"source hook mode imported {training.__file__}, not the copy under {expected}")
+
+
+def remove_hooks() -> None:
+    """Undo :func:`install_hooks` (and forget any open scheduled step)."""
+    from megatron_dpsched.megatron import hooks, patch
+
+    patch.disable()
+    hooks.on_update_num_microbatches()
+
+
+def training_file() -> str:
+    """The ``megatron/training/training.py`` this process imported."""
+    import megatron.training.training as training
+
+    return str(Path(training.__file__).resolve())

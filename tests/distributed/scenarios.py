@@ -133,11 +133,9 @@ def run_training(layout: Layout, *, reference: bool = False, precomputed: bool =
     from megatron.training.global_vars import get_args
     from megatron.training.training import train
 
-    from megatron_dpsched.megatron import patch
-
     args = harness.parse_megatron_args(harness.base_argv() + layout.argv())
     harness.initialize(args)
-    patch.enable()
+    harness.install_hooks()
     try:
         model, optimizer, scheduler = harness.build_model_and_optimizer()
         params = harness.global_named_parameters(model)
@@ -161,6 +159,8 @@ def run_training(layout: Layout, *, reference: bool = False, precomputed: bool =
             "consumed_train_samples": args.consumed_train_samples,
             "scheduler_num_steps": scheduler.num_steps,
             "iteration": args.curr_iteration,
+            "hook_mode": harness.hook_mode(),
+            "training_file": harness.training_file(),
         }
         eval_feed = WholeBatchFeed.build(1) if reference else _loader(args, num_chunks=len(model))
         result["eval_loss"] = _evaluate_first_batch(model, eval_feed)
@@ -172,7 +172,7 @@ def run_training(layout: Layout, *, reference: bool = False, precomputed: bool =
             result.update(_plans_and_resume(args, feed, num_chunks=len(model)))
         return result
     finally:
-        patch.disable()
+        harness.remove_hooks()
         harness.teardown()
 
 
