@@ -41,7 +41,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from megatron_dpsched.data import PaddedSampleDataset, TokenJsonlDataset  # noqa: E402
-from megatron_dpsched.demo.stats import StepRecorder  # noqa: E402
+from megatron_dpsched.demo.stats import StepRecorder, write_plan  # noqa: E402
 from megatron_dpsched.megatron import (  # noqa: E402
     CollateConfig,
     ScheduledDatasetLoader,
@@ -222,6 +222,13 @@ def install_hooks(args: argparse.Namespace) -> None:
         _state["recorder"].install(training)
 
 
+def record_plan(args: argparse.Namespace) -> None:
+    """With ``--step-stats-dir`` and ``--dp-schedule``: store the trained steps' plans, asked afresh."""
+    recorder, feed = _state.get("recorder"), _state.get("feed")
+    if recorder is not None and feed is not None:
+        write_plan(args.step_stats_dir, rank=torch.distributed.get_rank(), feed=feed, num_steps=recorder.step)
+
+
 # --- the two ways in --------------------------------------------------------------------------
 
 
@@ -234,6 +241,7 @@ def run_pretrain(args: argparse.Namespace) -> None:
     _state["install_hooks_on_model_build"] = True
     pretrain(pretrain_cfg_container_from_args(args), train_valid_test_datasets_provider,
              ModelType.encoder_or_decoder, forward_step, model_provider=_model_provider_with_hooks)
+    record_plan(args)
 
 
 def _model_provider_with_hooks(*args: Any, **kwargs: Any) -> Any:
@@ -270,6 +278,7 @@ def run_cpu_dry_run(args: argparse.Namespace) -> None:
     train_iter, valid_iter = _data_iterators(len(model))
     training.train(forward_step, model, optimizer, scheduler, train_iter, valid_iter, None,
                    get_model_config(model[0]), {}, None)
+    record_plan(args)
     torch.distributed.destroy_process_group()
 
 

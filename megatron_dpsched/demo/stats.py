@@ -5,13 +5,15 @@ and wraps ``megatron.training.training.train_step`` (:meth:`install`, after
 ``patch.enable()``), so each optimizer step writes one JSON line to
 ``<dir>/rank<global rank>.jsonl``::
 
-    {"step", "dp_rank", "pp_rank", "tp_rank", "micro_batches", "samples",
-     "tokens", "padded_tokens", "step_time_s", "loss", "lr"}
+    {"step", "rank", "dp_rank", "pp_rank", "tp_rank", "micro_batches", "samples",
+     "tokens", "padded_tokens", "step_time_s", "loss", "lr"[, "micro_batch_ids"]}
 
 ``tokens`` are loss tokens (real sample positions), ``padded_tokens`` the
 positions the micro-batch tensors hold (padding included); ``loss`` is
 Megatron's reduced ``lm loss`` (``None`` off the last pipeline stage) and
-``lr`` the learning rate the step used.
+``lr`` the learning rate the step used; ``micro_batch_ids`` (scheduled batches only) the
+global sample ids of each micro-batch. :func:`write_plan` stores, next to them, what the
+planner gives for the same steps when asked again (``plan.rank<r>.json``).
 """
 
 from __future__ import annotations
@@ -30,9 +32,10 @@ class StepRecorder:
         self.path = Path(directory) / f"rank{rank}.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text("")
-        self.ranks = dict(ranks)
+        self.ranks = {"rank": rank, **ranks}
         self.step = 0
         self._batches: list[tuple[int, int, int]] = []
+        self._ids: list[list[int]] = []
 
     def on_batch(self, batch: Mapping[str, Any]) -> None:
         """Record one micro-batch: (samples, loss tokens, padded positions)."""
@@ -40,6 +43,8 @@ class StepRecorder:
         ids = batch.get("sample_ids")
         samples = ids.numel() if ids is not None else batch["tokens"].shape[0]
         self._batches.append((int(samples), int(mask.sum().item()), int(batch["tokens"].numel())))
+        if ids is not None:
+            self._ids.append([int(i) for i in ids.tolist()])
 
     def install(self, module: Any) -> None:
         """Wrap ``module.train_step`` (call after ``patch.enable()``, which checks the original)."""
@@ -71,15 +76,33 @@ class StepRecorder:
             "loss": None if loss is None else float(loss),
             "lr": lr,
         }
+        if self._ids:
+            record["micro_batch_ids"] = self._ids
         with self.path.open("a") as out:
             out.write(json.dumps(record) + "\n")
         self.step += 1
         self._batches = []
+        self._ids = []
 
 
 def _learning_rate(optimizer: Any) -> float | None:
     groups = getattr(optimizer, "param_groups", None)
     return float(groups[0]["lr"]) if groups else None
+
+
+def write_plan(directory: str | Path, *, rank: int, feed: Any, num_steps: int) -> Path:
+    """This rank's micro-batches of the first ``num_steps`` steps, planned afresh by ``feed``."""
+    start = feed.start_consumed_samples
+    plans = [feed.plan_step_at(start + s * feed.global_batch_size)[0].micro_batches for s in range(num_steps)]
+    path = Path(directory) / f"plan.rank{rank}.json"
+    path.write_text(json.dumps([[list(mb) for mb in step] for step in plans]))
+    return path
+
+
+def load_plans(directory: str | Path) -> dict[int, list[list[list[int]]]]:
+    """``write_plan`` files by global rank."""
+    return {int(p.stem.split("rank")[1]): json.loads(p.read_text())
+            for p in sorted(Path(directory).glob("plan.rank*.json"))}
 
 
 def load_step_records(directory: str | Path) -> list[dict[str, Any]]:
