@@ -185,17 +185,21 @@ def max_relative_loss_difference(a: list[dict[str, Any]], b: list[dict[str, Any]
 
 
 def print_comparison(results: dict[str, list[dict[str, Any]]], wall: dict[str, float], loss_diff: float) -> None:
-    t = {run: totals(results[run]) for run in RUNS}
+    sched, base = (totals(results[run]) for run in RUNS)
+    speedup = base["train_time_s"] / sched["train_time_s"]
+    rows = (
+        ("train_step time, sum over steps", f"{sched['train_time_s']:.2f} s vs {base['train_time_s']:.2f} s "
+                                            f"({speedup:.2f}x)"),
+        ("padding share of micro-batches", f"{sched['padding']:.1%} vs {base['padding']:.1%}"),
+        ("micro-batches per rank, total", f"{sched['micro_batches']} vs {base['micro_batches']}"),
+        ("mean token imbalance across DP", f"{sched['mean_imbalance']:.1%} vs {base['mean_imbalance']:.1%}"),
+        ("loss tokens trained", f"{sched['tokens']} vs {base['tokens']}"),
+        ("job wall time incl. start-up", f"{wall['dp-schedule']:.1f} s vs {wall['baseline']:.1f} s"),
+        ("max relative loss difference", f"{loss_diff:.2e}"),
+    )
     print("\ncomparison (dp-schedule vs baseline, same samples per step, per-token loss)")
-    print(f"  train_step time, sum over steps : {t['dp-schedule']['train_time_s']:.2f} s vs "
-          f"{t['baseline']['train_time_s']:.2f} s ({t['baseline']['train_time_s'] / t['dp-schedule']['train_time_s']:.2f}x)")
-    print(f"  padding share of micro-batches  : {t['dp-schedule']['padding']:.1%} vs {t['baseline']['padding']:.1%}")
-    print(f"  micro-batches per rank, total   : {t['dp-schedule']['micro_batches']} vs {t['baseline']['micro_batches']}")
-    print(f"  mean token imbalance across DP  : {t['dp-schedule']['mean_imbalance']:.1%} vs "
-          f"{t['baseline']['mean_imbalance']:.1%}")
-    print(f"  loss tokens trained             : {t['dp-schedule']['tokens']} vs {t['baseline']['tokens']}")
-    print(f"  job wall time incl. start-up    : {wall['dp-schedule']:.1f} s vs {wall['baseline']:.1f} s")
-    print(f"  max relative loss difference    : {loss_diff:.2e}")
+    for label, value in rows:
+        print(f"  {label:<32}: {value}")
 
 
 def plot_step(results: dict[str, list[dict[str, Any]]], step: int, path: Path) -> Path:
@@ -238,8 +242,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results, wall = {}, {}
     for port, run in enumerate(RUNS, start=29400 + os.getpid() % 500):
         flags = model_flags(seq_length, options, data) + run_flags(run, options)
-        print(f"running {run}: torchrun --nproc-per-node 2 scripts/pretrain_gpt_dpsched.py {' '.join(run_flags(run, options))} ...",
-              flush=True)
+        shown = " ".join(run_flags(run, options))
+        print(f"running {run}: torchrun --nproc-per-node 2 scripts/pretrain_gpt_dpsched.py ... {shown}", flush=True)
         wall[run] = launch(run, flags, out, port)
         results[run] = per_step(load_step_records(out / run))
         print_steps(run, results[run])
@@ -248,11 +252,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"{'match' if check['match'] else 'DO NOT MATCH'} the plan the loader gives for the same steps")
     loss_diff = max_relative_loss_difference(results["dp-schedule"], results["baseline"])
     print_comparison(results, wall, loss_diff)
-    step = max(range(len(results["baseline"])), key=lambda s: results["baseline"][s]["imbalance"])
+    candidates = range(1, len(results["baseline"])) if len(results["baseline"]) > 1 else range(1)
+    step = max(candidates, key=lambda s: results["baseline"][s]["imbalance"])  # step 0 includes warm-up
     png = plot_step(results, step, Path(options.plot) if options.plot else out / "demo_load.png")
-    print(f"\nper-rank load of step {step} (largest baseline imbalance): {png}")
-    summary = {"results": results, "wall_s": wall, "plan_matches": check["match"], "micro_batch_counts": check["counts"],
-               "max_relative_loss_difference": loss_diff, "png": str(png), "lengths": lengths}
+    print(f"\nper-rank load of step {step} (largest baseline imbalance after step 0): {png}")
+    summary = {"results": results, "wall_s": wall, "plan_matches": check["match"],
+               "micro_batch_counts": check["counts"], "max_relative_loss_difference": loss_diff,
+               "png": str(png), "lengths": lengths}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 
