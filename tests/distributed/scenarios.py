@@ -72,7 +72,7 @@ def _recording_forward_step(records: list[tuple[int, int, tuple[int, ...]]]) -> 
     return _Recording()
 
 
-def _loader(args: Any, *, num_chunks: int, consumed_samples: int = 0) -> Any:
+def _loader(args: Any, *, num_chunks: int, consumed_samples: int = 0, num_samples: int | None = None) -> Any:
     from megatron.core import parallel_state
 
     from megatron_dpsched.megatron import CollateConfig, ScheduledDatasetLoader, schedule_kwargs_from_args
@@ -80,7 +80,7 @@ def _loader(args: Any, *, num_chunks: int, consumed_samples: int = 0) -> Any:
     dp = parallel_state.get_data_parallel_world_size()
     return ScheduledDatasetLoader(
         harness.make_sample,
-        lengths=LENGTHS,
+        lengths=LENGTHS[:num_samples],
         rank=parallel_state.get_data_parallel_rank(),
         schedule_kwargs=schedule_kwargs_from_args(args, data_parallel_size=dp),
         consumed_samples=consumed_samples,
@@ -126,8 +126,12 @@ def _evaluate_first_batch(model: Any, feed: Any) -> float | None:
     return float(losses["lm loss"]) if losses else None
 
 
-def run_training(layout: Layout, *, reference: bool = False, precomputed: bool = False) -> dict[str, Any]:
-    """Megatron's real ``train()`` (hence ``train_step``) for TRAIN_ITERS scheduled steps."""
+def run_training(layout: Layout, *, reference: bool = False, precomputed: bool = False,
+                 num_samples: int | None = None) -> dict[str, Any]:
+    """Megatron's real ``train()`` (hence ``train_step``) for TRAIN_ITERS scheduled steps.
+
+    ``num_samples``: train on the first ``num_samples`` samples only (a short trailing step).
+    """
     from megatron.core import parallel_state
     from megatron.core.utils import get_model_config
     from megatron.training.global_vars import get_args
@@ -145,7 +149,7 @@ def run_training(layout: Layout, *, reference: bool = False, precomputed: bool =
         elif precomputed:
             feed = _precomputed(args, num_chunks=len(model))
         else:
-            feed = _loader(args, num_chunks=len(model))
+            feed = _loader(args, num_chunks=len(model), num_samples=num_samples)
         records: list[tuple[int, int, tuple[int, ...]]] = []
         train(_recording_forward_step(records), model, optimizer, scheduler, feed.megatron_iterators(),
               None, None, get_model_config(model[0]), {}, None)
@@ -168,6 +172,8 @@ def run_training(layout: Layout, *, reference: bool = False, precomputed: bool =
             result["plan_micro_batches"] = [feed.schedule.rank_step_micro_batches(feed.rank, s)
                                             for s in range(TRAIN_ITERS)]
             result["plan_num_samples"] = list(feed.schedule.step_num_samples)
+        elif num_samples is not None:
+            result.update(_plans(feed))
         elif not reference:
             result.update(_plans_and_resume(args, feed, num_chunks=len(model)))
         return result
@@ -176,13 +182,17 @@ def run_training(layout: Layout, *, reference: bool = False, precomputed: bool =
         harness.teardown()
 
 
+def _plans(feed: Any) -> dict[str, Any]:
+    """This rank's micro-batches and the sample count of every trained step."""
+    plans = [feed.plan_step_at(s * GLOBAL_BATCH)[0] for s in range(TRAIN_ITERS)]
+    return {"plan_micro_batches": [p.micro_batches for p in plans], "plan_num_samples": [p.num_samples for p in plans]}
+
+
 def _plans_and_resume(args: Any, feed: Any, *, num_chunks: int) -> dict[str, Any]:
     """The plans of the trained steps, and the next step from the feed vs a resumed loader."""
-    plans = [feed.plan_step_at(s * GLOBAL_BATCH)[0] for s in range(TRAIN_ITERS)]
     resumed = _loader(args, num_chunks=num_chunks, consumed_samples=args.consumed_train_samples)
     return {
-        "plan_micro_batches": [p.micro_batches for p in plans],
-        "plan_num_samples": [p.num_samples for p in plans],
+        **_plans(feed),
         "next_step": feed.begin_step().micro_batches,
         "resumed_next_step": resumed.begin_step().micro_batches,
     }
@@ -204,6 +214,7 @@ SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
     "pp2": lambda: run_training(Layout(pp=2)),
     "pp2_vpp2": lambda: run_training(Layout(pp=2, vpp=2)),
     "dp2_pp2": lambda: run_training(Layout(pp=2)),
+    "dp2_partial_step": lambda: run_training(Layout(), num_samples=(TRAIN_ITERS - 1) * GLOBAL_BATCH + 4),
     "reference": lambda: run_training(Layout(), reference=True),
     "bad_layout": bad_layout,
 }

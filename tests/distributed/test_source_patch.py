@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO, LaunchResults
-from harness import HOOK_MODE_ENV, PATCHED_MEGATRON_ENV, TRAIN_ITERS
+from harness import GLOBAL_BATCH, HOOK_MODE_ENV, PATCHED_MEGATRON_ENV, TRAIN_ITERS
 from test_megatron_train import _assert_close, _merged
 
 from megatron_dpsched.megatron import hooks
@@ -34,10 +34,13 @@ PATCH = REPO / "patches" / "megatron_training_dpsched.patch"
 SCRIPT = REPO / "scripts" / "apply_megatron_patch.sh"
 MARK = "# megatron-dpsched"
 SOURCE_LAUNCHES: dict[str, tuple[int, tuple[str, ...]]] = {
-    "world2": (2, ("dp2", "dp2_precomputed", "pp2_vpp2")),
+    "world2": (2, ("dp2", "dp2_precomputed", "pp2_vpp2", "dp2_partial_step")),
 }
-"""Scenarios re-run in source mode: plain DP, a shipped plan with empty micro-batches, interleaved PP."""
+"""Scenarios re-run in source mode: plain DP, a shipped plan with empty micro-batches, interleaved PP,
+and a short trailing step (4 of 8 samples), where the LR/consumed-samples hook changes the count."""
 SOURCE_SCENARIOS = SOURCE_LAUNCHES["world2"][1]
+REFERENCE_SCENARIOS = SOURCE_SCENARIOS[:-1]
+PARTIAL_STEP_SAMPLES = (TRAIN_ITERS - 1) * GLOBAL_BATCH + 4
 
 
 def _installed_training_dir() -> Path:
@@ -171,7 +174,7 @@ def test_source_patch_trains_exactly_like_the_monkey_patch(source_launches, laun
         assert all(torch.equal(src["weights"][n], w) for n, w in ref["weights"].items())
 
 
-@pytest.mark.parametrize("scenario", SOURCE_SCENARIOS)
+@pytest.mark.parametrize("scenario", REFERENCE_SCENARIOS)
 def test_source_patch_matches_the_whole_batch_reference(source_launches, launches, scenario: str) -> None:
     results, (reference,) = source_launches.get(scenario), launches.get("reference")
     for step in range(TRAIN_ITERS):
@@ -179,3 +182,12 @@ def test_source_patch_matches_the_whole_batch_reference(source_launches, launche
     _assert_close(_merged(results, "weights"), reference["weights"], f"weights after {TRAIN_ITERS} steps")
     for result in results:
         assert result["consumed_train_samples"] == result["scheduler_num_steps"] == sum(result["plan_num_samples"])
+
+
+@pytest.mark.parametrize("mode", ["source", "monkey"])
+def test_a_short_trailing_step_advances_lr_and_consumed_samples_by_its_samples(source_launches, launches,
+                                                                              mode: str) -> None:
+    results = (source_launches if mode == "source" else launches).get("dp2_partial_step")
+    for result in results:
+        assert result["plan_num_samples"] == [GLOBAL_BATCH] * (TRAIN_ITERS - 1) + [4]
+        assert result["consumed_train_samples"] == result["scheduler_num_steps"] == PARTIAL_STEP_SAMPLES
