@@ -61,3 +61,11 @@ def test_png_written(demo) -> None:
     summary, _ = demo
     png = Path(summary["png"])
     assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_example_recipes_pass_megatron_validation() -> None:
+    """Every examples/ layout passes Megatron's validate_args and the dp-schedule validation."""
+    proc = subprocess.run([sys.executable, str(REPO / "examples" / "check_recipes.py")], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert proc.stdout.count("OK ") == 7
