@@ -2,7 +2,8 @@
 # (24 layers, hidden 2048), bf16, Transformer Engine, trained with --dp-schedule.
 # Override with environment variables: DATA (a .jsonl of {"tokens": [...]} lines), VOCAB_SIZE
 # (ids in DATA must be below it), MAX_TOKENS_PER_GPU (the token cap of one micro-batch on one GPU:
-# the largest packed micro-batch that fits memory), GLOBAL_BATCH, TRAIN_ITERS, SAVE.
+# the largest packed micro-batch that fits memory), GLOBAL_BATCH, TRAIN_ITERS, SAVE;
+# DPSCHED=0 trains without --dp-schedule (MICRO_BATCH samples per micro-batch) for comparison.
 DATA="${DATA:?set DATA to a .jsonl corpus, one tokens list per line}"
 VOCAB_SIZE="${VOCAB_SIZE:-128256}"
 SEQ_LENGTH="${SEQ_LENGTH:-8192}"            # longest sample allowed (and position range)
@@ -26,7 +27,12 @@ GPT_FLAGS=(
   --tokenizer-type NullTokenizer --vocab-size "$VOCAB_SIZE"
   --data-path "$DATA" --eval-iters 0
   --save "$SAVE" --save-interval 1000 --log-interval 10
-  # dp-schedule: plan every global batch under the token cap; micro-batch size stays 1.
-  --micro-batch-size 1 --dp-schedule --dp-schedule-max-tokens-per-gpu "$MAX_TOKENS_PER_GPU"
-  --dp-schedule-verify check
 )
+if [ "${DPSCHED:-1}" = 1 ]; then
+  # dp-schedule: plan every global batch under the token cap; the micro-batch size stays 1.
+  GPT_FLAGS+=(--micro-batch-size 1 --dp-schedule --dp-schedule-max-tokens-per-gpu "$MAX_TOKENS_PER_GPU"
+              --dp-schedule-verify check)
+else
+  # Megatron's ordinary path for comparison: fixed micro-batches padded to --seq-length.
+  GPT_FLAGS+=(--micro-batch-size "${MICRO_BATCH:-1}")
+fi

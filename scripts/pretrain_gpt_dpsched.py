@@ -208,18 +208,17 @@ def forward_step(data_iterator: Any, model: torch.nn.Module) -> Any:
     return _forward(iter([batch]), model)
 
 
-def install_hooks(args: argparse.Namespace) -> None:
-    """``patch.enable()`` for ``--dp-schedule``; the statistics recorder for ``--step-stats-dir``."""
+def install_recorder(args: argparse.Namespace) -> None:
+    """``--step-stats-dir``: record per-step statistics (needs the model-parallel groups)."""
     import megatron.training.training as training
     from megatron.core import parallel_state as mpu
 
-    if args.dp_schedule:
-        patch.enable()
-    if args.step_stats_dir:
-        ranks = {"dp_rank": mpu.get_data_parallel_rank(), "pp_rank": mpu.get_pipeline_model_parallel_rank(),
-                 "tp_rank": mpu.get_tensor_model_parallel_rank()}
-        _state["recorder"] = StepRecorder(args.step_stats_dir, rank=torch.distributed.get_rank(), ranks=ranks)
-        _state["recorder"].install(training)
+    if not args.step_stats_dir or "recorder" in _state:
+        return
+    ranks = {"dp_rank": mpu.get_data_parallel_rank(), "pp_rank": mpu.get_pipeline_model_parallel_rank(),
+             "tp_rank": mpu.get_tensor_model_parallel_rank()}
+    _state["recorder"] = StepRecorder(args.step_stats_dir, rank=torch.distributed.get_rank(), ranks=ranks)
+    _state["recorder"].install(training)  # after patch.enable(), which checks the original train_step
 
 
 def record_plan(args: argparse.Namespace) -> None:
@@ -238,18 +237,18 @@ def run_pretrain(args: argparse.Namespace) -> None:
     from megatron.training.argument_utils import pretrain_cfg_container_from_args
     from megatron.training.training import pretrain
 
-    _state["install_hooks_on_model_build"] = True
+    if args.dp_schedule:
+        patch.enable()
     pretrain(pretrain_cfg_container_from_args(args), train_valid_test_datasets_provider,
-             ModelType.encoder_or_decoder, forward_step, model_provider=_model_provider_with_hooks)
+             ModelType.encoder_or_decoder, forward_step, model_provider=_model_provider_with_recorder)
     record_plan(args)
 
 
-def _model_provider_with_hooks(*args: Any, **kwargs: Any) -> Any:
-    """``model_provider``; the first call (model-parallel groups exist by then) installs the hooks."""
-    if _state.pop("install_hooks_on_model_build", False):
-        from megatron.training.global_vars import get_args
+def _model_provider_with_recorder(*args: Any, **kwargs: Any) -> Any:
+    """``model_provider``; the first call (model-parallel groups exist by then) starts the recorder."""
+    from megatron.training.global_vars import get_args
 
-        install_hooks(get_args())
+    install_recorder(get_args())
     return model_provider(*args, **kwargs)
 
 
@@ -273,7 +272,9 @@ def run_cpu_dry_run(args: argparse.Namespace) -> None:
     args.padded_vocab_size = calculate_padded_vocab_size(
         args.vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size, logging_enabled=False)
     cpu_shim.initialize_megatron_on_cpu(args)
-    install_hooks(args)
+    if args.dp_schedule:
+        patch.enable()
+    install_recorder(args)
     model, optimizer, scheduler = training.setup_model_and_optimizer(ModelType.encoder_or_decoder, model_provider)
     train_iter, valid_iter = _data_iterators(len(model))
     training.train(forward_step, model, optimizer, scheduler, train_iter, valid_iter, None,
