@@ -18,7 +18,7 @@ case "$LAYOUT" in
   tp2)     PARALLEL=(--tensor-model-parallel-size 2 --sequence-parallel) ;;
   tp2_pp2) PARALLEL=(--tensor-model-parallel-size 2 --sequence-parallel --pipeline-model-parallel-size 2
                      --num-layers-per-virtual-pipeline-stage 6) ;;
-  cp2)     PARALLEL=(--context-parallel-size 2 --collate-format bshd) ;;
+  cp2)     PARALLEL=(--context-parallel-size 2 --dp-schedule-collate-format bshd) ;;
   *) echo "unknown LAYOUT $LAYOUT (dp8, tp2, tp2_pp2, cp2)" >&2; exit 2 ;;
 esac
 ${DRY:+echo} torchrun --nproc-per-node 8 --nnodes 1 --standalone \

@@ -18,7 +18,7 @@ case "$LAYOUT" in
                      --num-layers-per-virtual-pipeline-stage 2) ;;
   tp8)     PARALLEL=(--tensor-model-parallel-size 8 --sequence-parallel) ;;
   tp4_cp2) PARALLEL=(--tensor-model-parallel-size 4 --sequence-parallel --context-parallel-size 2
-                     --collate-format bshd) ;;
+                     --dp-schedule-collate-format bshd) ;;
   *) echo "unknown LAYOUT $LAYOUT (tp2_pp4, tp8, tp4_cp2)" >&2; exit 2 ;;
 esac
 ${DRY:+echo} torchrun --nproc-per-node 8 --nnodes "$NNODES" \

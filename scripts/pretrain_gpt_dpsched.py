@@ -43,19 +43,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from megatron_dpsched.data import PaddedSampleDataset, TokenJsonlDataset  # noqa: E402
 from megatron_dpsched.demo.stats import StepRecorder, write_plan  # noqa: E402
 from megatron_dpsched.megatron import (  # noqa: E402
-    CollateConfig,
-    ScheduledDatasetLoader,
     ScheduledForwardStep,
     add_dp_schedule_args,
-    pad_multiple_for,
-    patch,
-    schedule_kwargs_from_args,
-    validate_dp_schedule_args,
+    scheduled_datasets_provider,
+    setup_dp_schedule,
 )
 
 DRY_RUN_FLAG = "--cpu-dry-run"
 _state: dict[str, Any] = {}
-"""Process-wide objects: the corpus, the scheduled feed (shared by VPP chunks), the recorder."""
+"""Process-wide objects: the corpus and the recorder."""
 
 
 # --- arguments --------------------------------------------------------------------------------
@@ -68,9 +64,6 @@ def extra_args_provider(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     group.add_argument(DRY_RUN_FLAG, action="store_true",
                        help="CPU-only dry run (demo/tests): CUDA shim + gloo + Megatron's real train(). "
                             "Refused where CUDA is available.")
-    group.add_argument("--collate-format", choices=("bshd", "thd"), default="bshd",
-                       help="--dp-schedule micro-batch layout: padded rows (bshd) or packed (thd, "
-                            "needs an attention backend that takes PackedSeqParams).")
     group.add_argument("--step-stats-dir", default=None,
                        help="Write per-step statistics to DIR/rank<r>.jsonl.")
     return parser
@@ -83,12 +76,10 @@ def adjust_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--data-path takes exactly one .jsonl file of {{\"tokens\": [...]}} lines; got {paths}")
     if not Path(paths[0]).is_file():
         raise ValueError(f"--data-path {paths[0]} does not exist")
-    validate_dp_schedule_args(args)
     args.calculate_per_token_loss = True
     if args.eval_interval is None:  # no validation set is built; Megatron still divides by it
         args.eval_interval = args.train_iters or 1
-    if args.dp_schedule:
-        args.dataloader_type = "external"
+    setup_dp_schedule(args)  # validates the --dp-schedule flags and installs the hooks
 
 
 def parse_arguments(dry_run: bool) -> argparse.Namespace:
@@ -153,43 +144,25 @@ def corpus(args: argparse.Namespace) -> TokenJsonlDataset:
     return _state["corpus"]
 
 
-def scheduled_feed(args: argparse.Namespace) -> ScheduledDatasetLoader:
-    """One ``ScheduledDatasetLoader`` per process, its chunk iterators shared out to VPP stages."""
-    if "feed" not in _state:
-        from megatron.core import parallel_state as mpu
-
-        samples = corpus(args)
-        longest = max(samples.lengths)
-        if longest > args.seq_length:
-            raise ValueError(f"--seq-length {args.seq_length} is shorter than the longest sample "
-                             f"({longest} tokens) of --data-path {samples.path}")
-        multiple = pad_multiple_for(tensor_parallel_size=args.tensor_model_parallel_size,
-                                    context_parallel_size=args.context_parallel_size,
-                                    sequence_parallel=args.sequence_parallel)
-        _state["feed"] = ScheduledDatasetLoader(
-            samples,
-            lengths=samples.lengths,
-            rank=mpu.get_data_parallel_rank(),
-            schedule_kwargs=schedule_kwargs_from_args(args, data_parallel_size=mpu.get_data_parallel_world_size()),
-            consumed_samples=args.consumed_train_samples,
-            num_chunks=args.virtual_pipeline_model_parallel_size or 1,
-            collate=CollateConfig(format=args.collate_format, pad_multiple=multiple),
-            verify=args.dp_schedule_verify,
-        )
-    return _state["feed"]
-
-
-def train_valid_test_datasets_provider(num_samples: Any, vp_stage: int | None = None) -> tuple[Any, None, None]:
-    """Training data only (no validation / test sets): the scheduled chunk or the padded dataset."""
+def datasets_provider(num_samples: Any) -> tuple[Any, None, None]:
+    """Training data only (no validation / test sets): the raw corpus for ``--dp-schedule`` (its
+    ``lengths`` drive the plan), else the corpus padded to ``--seq-length``."""
     from megatron.training.global_vars import get_args
 
     args = get_args()
+    samples = corpus(args)
+    longest = max(samples.lengths)
+    if longest > args.seq_length:
+        raise ValueError(f"--seq-length {args.seq_length} is shorter than the longest sample "
+                         f"({longest} tokens) of --data-path {samples.path}")
     if args.dp_schedule:
-        return scheduled_feed(args).chunks[vp_stage or 0], None, None
-    return PaddedSampleDataset(corpus(args), seq_length=args.seq_length), None, None
+        return samples, None, None
+    return PaddedSampleDataset(samples, seq_length=args.seq_length), None, None
 
 
-train_valid_test_datasets_provider.is_distributed = True  # every TP rank reads its own batches
+train_valid_test_datasets_provider = scheduled_datasets_provider(datasets_provider)
+
+
 
 
 # --- forward step -----------------------------------------------------------------------------
@@ -218,12 +191,13 @@ def install_recorder(args: argparse.Namespace) -> None:
     ranks = {"dp_rank": mpu.get_data_parallel_rank(), "pp_rank": mpu.get_pipeline_model_parallel_rank(),
              "tp_rank": mpu.get_tensor_model_parallel_rank()}
     _state["recorder"] = StepRecorder(args.step_stats_dir, rank=torch.distributed.get_rank(), ranks=ranks)
-    _state["recorder"].install(training)  # after patch.enable(), which checks the original train_step
+    _state["recorder"].install(training)  # after setup_dp_schedule's enable(), which checks the original train_step
 
 
 def record_plan(args: argparse.Namespace) -> None:
     """With ``--step-stats-dir`` and ``--dp-schedule``: store the trained steps' plans, asked afresh."""
-    recorder, feed = _state.get("recorder"), _state.get("feed")
+    recorder = _state.get("recorder")
+    feed = next(iter(train_valid_test_datasets_provider.feeds.values()), None)
     if recorder is not None and feed is not None:
         write_plan(args.step_stats_dir, rank=torch.distributed.get_rank(), feed=feed, num_steps=recorder.step)
 
@@ -237,8 +211,6 @@ def run_pretrain(args: argparse.Namespace) -> None:
     from megatron.training.argument_utils import pretrain_cfg_container_from_args
     from megatron.training.training import pretrain
 
-    if args.dp_schedule:
-        patch.enable()
     pretrain(pretrain_cfg_container_from_args(args), train_valid_test_datasets_provider,
              ModelType.encoder_or_decoder, forward_step, model_provider=_model_provider_with_recorder)
     record_plan(args)
@@ -272,8 +244,6 @@ def run_cpu_dry_run(args: argparse.Namespace) -> None:
     args.padded_vocab_size = calculate_padded_vocab_size(
         args.vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size, logging_enabled=False)
     cpu_shim.initialize_megatron_on_cpu(args)
-    if args.dp_schedule:
-        patch.enable()
     install_recorder(args)
     model, optimizer, scheduler = training.setup_model_and_optimizer(ModelType.encoder_or_decoder, model_provider)
     train_iter, valid_iter = _data_iterators(len(model))

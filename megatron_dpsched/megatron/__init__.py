@@ -1,7 +1,10 @@
 """Megatron integration of the dp-schedule planner (imports torch and megatron-core).
 
 * :mod:`.arguments`: ``--dp-schedule*`` flags (``add_dp_schedule_args``) and their validation.
-* :mod:`.patch`: ``enable()`` / ``disable()`` hooks into ``megatron.training.training``.
+* :mod:`.provider`: ``setup_dp_schedule(args)`` and ``scheduled_datasets_provider(provider)``, the
+  three-line way onto the scheduled data path for an existing training script.
+* :mod:`.patch`: ``enable()`` / ``disable()`` install the :mod:`.hooks` into
+  ``megatron.training.training`` (``patches/`` has the same hooks as a source patch).
 * :mod:`.iterator`: schedule-driven data iterators (precomputed plan or map-style dataset).
 * :mod:`.collate`: packed (thd) or padded (bshd) micro-batches, zero-weight dummies.
 * :mod:`.forward_step`: forward step and per-token loss.
@@ -25,8 +28,12 @@ from megatron_dpsched.megatron.iterator import (
     StepFeed,
 )
 from megatron_dpsched.megatron.patch import disable, enable, is_enabled
+from megatron_dpsched.megatron.provider import build_feed, scheduled_datasets_provider, setup_dp_schedule
 
 __all__ = [
+    "build_feed",
+    "scheduled_datasets_provider",
+    "setup_dp_schedule",
     "ChunkIterator",
     "CollateConfig",
     "DPScheduleOptions",

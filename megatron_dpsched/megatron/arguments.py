@@ -23,6 +23,7 @@ from megatron_dpsched.core.cost import CostModel
 BALANCE_CHOICES = ("cost", "tokens", "none")
 VERIFY_CHOICES = ("off", "check", "strict")
 ORDER_CHOICES = ("auto", "pipeline", "none")
+COLLATE_CHOICES = ("bshd", "thd")
 
 _GROUP_FLAG = "--microbatch-group-size-per-virtual-pipeline-stage"
 
@@ -43,6 +44,9 @@ class DPScheduleOptions:
     model chunk consumed exactly the planned micro-batches)."""
     microbatch_order: str | None
     """``--dp-schedule-microbatch-order``; ``None`` for ``auto``."""
+    collate_format: str
+    """``--dp-schedule-collate-format``: micro-batches as padded rows (``bshd``) or packed sequences
+    (``thd`` with ``cu_seqlens``; needs an attention backend that takes ``PackedSeqParams``)."""
     balance_growth: float
     """``--dp-schedule-balance-growth``: share of extra micro-batches the planner may spend to balance
     ranks when the token cap keeps them apart (0: never more than one global packing needs)."""
@@ -58,6 +62,7 @@ class DPScheduleOptions:
             verify=getattr(args, "dp_schedule_verify", "off"),
             microbatch_order=None if order == "auto" else order,
             balance_growth=getattr(args, "dp_schedule_balance_growth", 0.0),
+            collate_format=getattr(args, "dp_schedule_collate_format", "bshd"),
         )
 
 
@@ -77,6 +82,9 @@ def add_dp_schedule_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
                             "model chunk consumed exactly the planned micro-batches.")
     group.add_argument("--dp-schedule-microbatch-order", choices=ORDER_CHOICES, default="auto",
                        help="Micro-batch order within a step; auto = pipeline when PP > 1.")
+    group.add_argument("--dp-schedule-collate-format", choices=COLLATE_CHOICES, default="bshd",
+                       help="Micro-batch layout: padded rows with a mask (bshd, any attention backend) or "
+                            "packed sequences with cu_seqlens (thd, e.g. Transformer Engine).")
     group.add_argument("--dp-schedule-balance-growth", type=float, default=0.0,
                        help="Share of extra micro-batches per step the planner may spend to balance "
                             "ranks when the token cap keeps them apart (heavy tails at high fill); "

@@ -244,3 +244,43 @@ def test_a_rerun_replays_the_same_step_instead_of_advancing(monkeypatch: pytest.
     run(data_iterator=wrapped, model=[object()], num_microbatches=99)
     assert [s for s, _ in seen] == [0, 0, 1]
     assert [m for _, m in seen] == [len(feed.schedule.rank_step_micro_batches(0, s)) for s in (0, 0, 1)]
+
+
+# --- provider ----------------------------------------------------------------------------------
+
+
+def test_setup_dp_schedule_does_nothing_without_the_flag() -> None:
+    from megatron_dpsched.megatron import setup_dp_schedule
+
+    args = _args(dataloader_type="single")
+    args.dp_schedule = False
+    setup_dp_schedule(args)
+    assert args.dataloader_type == "single" and not patch.is_enabled()
+
+
+def test_setup_dp_schedule_validates_then_hooks_in() -> None:
+    from megatron_dpsched.megatron import setup_dp_schedule
+
+    with pytest.raises(ValueError, match="--dp-schedule-max-tokens-per-gpu"):
+        setup_dp_schedule(_args("--dp-schedule-max-tokens-per-gpu", "0", dataloader_type="single"))
+    assert not patch.is_enabled()
+    args = _args("--dp-schedule-max-tokens-per-gpu", "64", dataloader_type="single")
+    try:
+        setup_dp_schedule(args)
+        assert args.dataloader_type == "external" and args.calculate_per_token_loss and patch.is_enabled()
+    finally:
+        patch.disable()
+
+
+def test_scheduled_data_needs_per_sample_lengths() -> None:
+    from megatron_dpsched.megatron.provider import _lengths_of
+
+    class NoLengths(list):
+        pass
+
+    with pytest.raises(ValueError, match="'lengths' sequence with one entry per sample"):
+        _lengths_of(NoLengths([1, 2, 3]))
+    dataset = NoLengths([1, 2, 3])
+    dataset.lengths = [5, 6]
+    with pytest.raises(ValueError, match="'lengths'"):
+        _lengths_of(dataset)
