@@ -36,6 +36,12 @@ class StepStats:
     """Busiest rank's cost / mean rank cost."""
     imbalance_bound: float
     """No plan can beat ``max(1, dearest sample / mean rank cost)``."""
+    token_imbalance: float
+    """Busiest rank's tokens / mean rank tokens."""
+    capacity_bound: float
+    """No plan with this many micro-batches per rank can beat this ``token_imbalance``: under a
+    binding cap, ranks reach the mean only through the excess of their oversize samples (see
+    :func:`capacity_load_bound`)."""
 
     @property
     def relative_imbalance(self) -> float:
@@ -72,9 +78,41 @@ def _step_stats(schedule: DPSchedule, step: int) -> StepStats:
         rank_costs=rank_costs,
         imbalance=max(rank_costs) / mean_cost,
         imbalance_bound=max(1.0, max(costs[i] for i in samples) / mean_cost),
+        token_imbalance=max(rank_tokens) * schedule.dp_size / tokens,
+        capacity_bound=capacity_load_bound(
+            [lengths[i] for i in samples], dp_size=schedule.dp_size, num_microbatches=count, cap=cap
+        ) * schedule.dp_size / tokens,
     )
 
 
 
 def _capped_tokens(per_rank: list, lengths: tuple[int, ...], cap: int) -> int:
     return sum(min(cap, sum(lengths[i] for i in mb)) for rank in per_rank for mb in rank)
+
+
+def capacity_load_bound(sizes: list[int], *, dp_size: int, num_microbatches: int, cap: int | None) -> float:
+    """A lower bound on the busiest rank's tokens when every rank runs ``num_microbatches`` capped micro-batches.
+
+    A rank carries at most ``M * cap`` tokens plus the excess ``size - cap`` of the oversize
+    samples it holds, and excess beyond what lifts it to the level ``L`` is wasted. So ``L`` is
+    feasible only if ``total - dp * M * cap <= sum(min(L - M * cap, excess))`` over oversize
+    samples; the smallest such ``L`` (and at least the mean and the longest sample) is returned.
+    """
+    total = sum(sizes)
+    level = max(total / dp_size, max(sizes))
+    if cap is None:
+        return level
+    room = num_microbatches * cap
+    shortfall = total - dp_size * room
+    excess = [size - cap for size in sizes if size > cap]
+
+    def feasible(candidate: float) -> bool:
+        return shortfall <= sum(min(candidate - room, e) for e in excess)
+
+    if shortfall <= 0 or feasible(level):
+        return level
+    low, high = level, level + total
+    for _ in range(50):
+        middle = (low + high) / 2
+        low, high = (low, middle) if feasible(middle) else (middle, high)
+    return high

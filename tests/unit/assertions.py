@@ -72,9 +72,10 @@ def assert_invariants(
         assert config.drop_last
         n_units = max(units) + 1
         assert len({units[i] for i in schedule.dropped}) == n_units % config.global_batch_size
-    # minimality: never below the aligned lower bound
+    # minimality: never below the aligned lower bound; no plan beats the capacity bound
     for stats in schedule.stats():
         assert stats.num_microbatches >= stats.lower_bound
+        assert stats.token_imbalance >= stats.capacity_bound * (1 - 1e-9)
 
 
 def _first_appearance(groups: Sequence[Hashable]) -> list[int]:

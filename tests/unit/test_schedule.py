@@ -264,6 +264,7 @@ def test_balance_growth_spends_micro_batches_to_balance_when_the_cap_binds():
                  balance_growth=0.5)
     assert tight.num_microbatches == (2,)  # the lower bound, as a global first fit would
     assert tight.stats()[0].imbalance == pytest.approx(250 / 225)
+    assert tight.stats()[0].capacity_bound == pytest.approx(250 / 225)  # no plan with 2 does better
     assert grown.num_microbatches == (3,)
     assert grown.stats()[0].imbalance <= 230 / 225  # one 10-token sample from perfect
 
