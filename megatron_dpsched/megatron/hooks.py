@@ -42,6 +42,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from megatron_dpsched.core.alignment import PipelineLayout
 from megatron_dpsched.megatron.iterator import StepBatches, StepFeed
 
 _GROUP_FLAG = "--microbatch-group-size-per-virtual-pipeline-stage"
@@ -144,8 +145,8 @@ def check_interleaved_count(num_microbatches: int, model: Any) -> None:
 
     pp = parallel_state.get_pipeline_model_parallel_world_size()
     group = get_model_config(model[0]).microbatch_group_size_per_vp_stage
-    remainder = num_microbatches % group
-    if not pp <= group <= num_microbatches or 0 < remainder < pp:
+    layout = PipelineLayout(pp_size=pp, vpp_size=len(model), microbatch_group_size_per_vp_stage=group)
+    if group < pp or not layout.is_legal(num_microbatches):
         raise ValueError(
             f"dp-schedule planned {num_microbatches} micro-batches, which the interleaved schedule "
             f"rejects with {_GROUP_FLAG}={group} and PP={pp}; the plan and the model config disagree"
