@@ -32,7 +32,7 @@ warnings.filterwarnings("ignore")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from megatron_dpsched.data import load_lengths, scale_lengths, write_token_jsonl  # noqa: E402
+from megatron_dpsched.data import load_lengths, scale_lengths, write_token_indexed, write_token_jsonl  # noqa: E402
 from megatron_dpsched.demo.stats import load_plans, load_step_records  # noqa: E402
 
 VOCAB = 128
@@ -52,6 +52,8 @@ def parse_options(argv: list[str] | None = None) -> Namespace:
     parser.add_argument("--baseline-micro-batch-size", type=int, default=1,
                         help="--micro-batch-size of the run without --dp-schedule")
     parser.add_argument("--plot", default=None, help="PNG path (default: <out>/demo_load.png)")
+    parser.add_argument("--data-format", choices=("jsonl", "indexed"), default="jsonl",
+                        help="write the corpus as JSONL or as a Megatron indexed dataset (.bin/.idx)")
     options = parser.parse_args(argv)
     for flag in ("steps", "global_batch_size", "max_tokens_per_gpu", "baseline_micro_batch_size"):
         if getattr(options, flag) < 1:
@@ -64,13 +66,15 @@ def parse_options(argv: list[str] | None = None) -> Namespace:
 # --- corpus and runs --------------------------------------------------------------------------
 
 
-def write_corpus(path: Path, lengths: list[int]) -> Path:
+def write_corpus(path: Path, lengths: list[int], data_format: str = "jsonl") -> Path:
     """One arithmetic token sequence (mod VOCAB) of ``n + 1`` ids per sample length ``n``."""
     rng = random.Random(0)
     rows = []
     for n in lengths:
         start, stride = rng.randrange(VOCAB), rng.randrange(1, 8)
         rows.append([(start + stride * i) % VOCAB for i in range(n + 1)])
+    if data_format == "indexed":
+        return write_token_indexed(path.with_suffix(""), rows)
     return write_token_jsonl(path, rows)
 
 
@@ -233,7 +237,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     raw = load_lengths("gsm8k_train", limit=options.steps * options.global_batch_size)
     lengths = scale_lengths(raw, options.scale)
     seq_length = 16 * math.ceil(max(lengths) / 16)
-    data = write_corpus(out / "corpus.jsonl", lengths)
+    data = write_corpus(out / "corpus.jsonl", lengths, options.data_format)
     print(f"corpus: {len(lengths)} samples, lengths = first GSM8K train samples' cl100k token counts "
           f"({min(raw)}-{max(raw)}) scaled down by {options.scale:g} to {min(lengths)}-{max(lengths)} "
           f"so the demo fits 2 CPU cores; token ids are synthetic. {data}")

@@ -7,8 +7,10 @@ Launch with ``torchrun`` like Megatron's own GPT entry point (see ``examples/``)
         --data-path corpus.jsonl --tokenizer-type NullTokenizer --vocab-size V \\
         --dp-schedule --dp-schedule-max-tokens-per-gpu 16384 --micro-batch-size 1
 
-Data: ``--data-path x.jsonl``, one ``{"tokens": [id, ...]}`` per line (a line of ``L`` ids
-is a sample of ``L - 1`` positions; every sample must fit ``--seq-length``).
+Data: ``--data-path x.jsonl``, one ``{"tokens": [id, ...]}`` per line, or ``--data-path PREFIX``
+of a Megatron indexed dataset (``PREFIX.bin``/``PREFIX.idx``, one sample per stored sequence;
+lengths come from the index). A sequence of ``L`` ids is a sample of ``L - 1`` positions; every
+sample must fit ``--seq-length``.
 
 * With ``--dp-schedule`` each step's ``--global-batch-size`` samples are planned globally
   (token cap, micro-batch count per step, DP balance) by ``ScheduledDatasetLoader``, which
@@ -40,7 +42,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from megatron_dpsched.data import PaddedSampleDataset, TokenJsonlDataset  # noqa: E402
+from megatron_dpsched.data import (  # noqa: E402
+    IndexedTokenDataset,
+    PaddedSampleDataset,
+    TokenJsonlDataset,
+    open_corpus,
+)
 from megatron_dpsched.demo.stats import StepRecorder, write_plan  # noqa: E402
 from megatron_dpsched.megatron import (  # noqa: E402
     ScheduledForwardStep,
@@ -72,10 +79,13 @@ def extra_args_provider(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
 def adjust_args(args: argparse.Namespace) -> None:
     """Check the data flags and set what this entry point needs (after Megatron's validation)."""
     paths = args.data_path or []
-    if len(paths) != 1 or not str(paths[0]).endswith(".jsonl"):
-        raise ValueError(f"--data-path takes exactly one .jsonl file of {{\"tokens\": [...]}} lines; got {paths}")
-    if not Path(paths[0]).is_file():
-        raise ValueError(f"--data-path {paths[0]} does not exist")
+    if len(paths) != 1:
+        raise ValueError(f"--data-path takes exactly one .jsonl file or indexed-dataset prefix; got {paths}")
+    path = Path(paths[0])
+    if path.suffix == ".jsonl" and not path.is_file():
+        raise ValueError(f"--data-path {path} does not exist")
+    if path.suffix != ".jsonl" and not path.with_name(path.name + ".idx").is_file():
+        raise ValueError(f"--data-path {path}: neither a .jsonl file nor the prefix of {path.name}.bin/.idx")
     args.calculate_per_token_loss = True
     if args.eval_interval is None:  # no validation set is built; Megatron still divides by it
         args.eval_interval = args.train_iters or 1
@@ -137,10 +147,10 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
 # --- data -------------------------------------------------------------------------------------
 
 
-def corpus(args: argparse.Namespace) -> TokenJsonlDataset:
+def corpus(args: argparse.Namespace) -> TokenJsonlDataset | IndexedTokenDataset:
     """The ``--data-path`` corpus, loaded once per process."""
     if "corpus" not in _state:
-        _state["corpus"] = TokenJsonlDataset(args.data_path[0])
+        _state["corpus"] = open_corpus(args.data_path[0])
     return _state["corpus"]
 
 

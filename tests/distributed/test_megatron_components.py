@@ -284,3 +284,21 @@ def test_scheduled_data_needs_per_sample_lengths() -> None:
     dataset.lengths = [5, 6]
     with pytest.raises(ValueError, match="'lengths'"):
         _lengths_of(dataset)
+
+
+# --- corpora ---------------------------------------------------------------------------------
+
+
+def test_indexed_dataset_corpus_round_trip(tmp_path) -> None:
+    from megatron_dpsched.data import IndexedTokenDataset, open_corpus, write_token_indexed
+
+    rows = [[5, 6, 7], [1, 2], [9, 8, 7, 6, 5]]
+    prefix = write_token_indexed(tmp_path / "corpus", rows)
+    data = open_corpus(prefix)
+    assert isinstance(data, IndexedTokenDataset)
+    assert data.lengths == [2, 1, 4] and len(data) == 3
+    assert data[2]["tokens"].tolist() == [9, 8, 7, 6] and data[2]["labels"].tolist() == [8, 7, 6, 5]
+    with pytest.raises(ValueError, match="no missing.bin"):
+        IndexedTokenDataset(tmp_path / "missing")
+    with pytest.raises(ValueError, match="at least 2 token ids"):
+        IndexedTokenDataset(write_token_indexed(tmp_path / "short", [[1, 2], [3]]))
