@@ -47,10 +47,14 @@ class Layout:
     vpp: int = 1
     group: int | None = None
     """``--microbatch-group-size-per-virtual-pipeline-stage``."""
+    static_micro_batch_size: int | None = None
+    """Static batching: this ``--micro-batch-size`` and no token cap (``None``: the token cap)."""
 
     def argv(self) -> list[str]:
         """Megatron flags for this layout."""
         flags = ["--tensor-model-parallel-size", str(self.tp), "--pipeline-model-parallel-size", str(self.pp)]
+        if self.static_micro_batch_size is not None:
+            flags += ["--micro-batch-size", str(self.static_micro_batch_size)]
         if self.vpp > 1:
             per_stage = NUM_LAYERS // (self.pp * self.vpp)
             flags += ["--num-layers-per-virtual-pipeline-stage", str(per_stage)]
@@ -59,8 +63,8 @@ class Layout:
         return flags
 
 
-def base_argv(*, train_iters: int = TRAIN_ITERS, extra: Sequence[str] = ()) -> list[str]:
-    """Tiny fp32 GPT, SGD, no dropout, dp-schedule with a token cap."""
+def base_argv(*, train_iters: int = TRAIN_ITERS, extra: Sequence[str] = (), token_cap: bool = True) -> list[str]:
+    """Tiny fp32 GPT, SGD, no dropout, dp-schedule with a token cap (or static batching)."""
     return [
         "--num-layers", str(NUM_LAYERS), "--hidden-size", "16", "--num-attention-heads", "2",
         "--ffn-hidden-size", "32", "--seq-length", "64", "--max-position-embeddings", "64",
@@ -74,7 +78,7 @@ def base_argv(*, train_iters: int = TRAIN_ITERS, extra: Sequence[str] = ()) -> l
         "--no-bias-gelu-fusion", "--no-bias-dropout-fusion", "--no-persist-layer-norm",
         "--use-cpu-initialization", "--distributed-backend", "gloo", "--tokenizer-type", "NullTokenizer",
         "--vocab-size", str(VOCAB), "--log-interval", "1000", "--eval-iters", "0", "--seed", "1234",
-        "--dp-schedule", "--dp-schedule-max-tokens-per-gpu", str(MAX_TOKENS),
+        "--dp-schedule", *(["--dp-schedule-max-tokens-per-gpu", str(MAX_TOKENS)] if token_cap else []),
         "--dp-schedule-verify", "strict",
         *extra,
     ]

@@ -137,7 +137,8 @@ def run_training(layout: Layout, *, reference: bool = False, precomputed: bool =
     from megatron.training.global_vars import get_args
     from megatron.training.training import train
 
-    args = harness.parse_megatron_args(harness.base_argv() + layout.argv())
+    static = layout.static_micro_batch_size is not None
+    args = harness.parse_megatron_args(harness.base_argv(token_cap=not static) + layout.argv())
     harness.initialize(args)
     harness.install_hooks()
     try:
@@ -215,6 +216,9 @@ SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
     "pp2_vpp2": lambda: run_training(Layout(pp=2, vpp=2)),
     "dp2_pp2": lambda: run_training(Layout(pp=2)),
     "dp2_partial_step": lambda: run_training(Layout(), num_samples=(TRAIN_ITERS - 1) * GLOBAL_BATCH + 4),
+    "dp2_static": lambda: run_training(Layout(static_micro_batch_size=2)),
+    # 8 samples, micro-batch size 8: Megatron's count is 1, the interleaved schedule needs 2 -> grown
+    "pp2_vpp2_static": lambda: run_training(Layout(pp=2, vpp=2, static_micro_batch_size=8)),
     "reference": lambda: run_training(Layout(), reference=True),
     "bad_layout": bad_layout,
 }

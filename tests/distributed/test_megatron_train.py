@@ -15,10 +15,13 @@ from harness import GLOBAL_BATCH, LENGTHS, TRAIN_ITERS
 
 pytestmark = pytest.mark.distributed
 
-LOADER_LAYOUTS = ("dp2", "pp2", "pp2_vpp2", "dp2_pp2")
+LOADER_LAYOUTS = ("dp2", "pp2", "pp2_vpp2", "dp2_pp2", "dp2_static", "pp2_vpp2_static")
 LAYOUTS = (*LOADER_LAYOUTS, "dp2_precomputed")
 """``dp2_precomputed``: a shipped DPSchedule (JSON) plus an empty micro-batch per rank and step."""
-NUM_CHUNKS = {"dp2": 1, "pp2": 1, "pp2_vpp2": 2, "dp2_pp2": 1, "dp2_precomputed": 1}
+NUM_CHUNKS = {"dp2": 1, "pp2": 1, "pp2_vpp2": 2, "dp2_pp2": 1, "dp2_precomputed": 1, "dp2_static": 1,
+              "pp2_vpp2_static": 2}
+STATIC_COUNTS = {"dp2_static": 2, "pp2_vpp2_static": 2}
+"""Static batching (no token cap): 8 samples / (2 x 2) = 2; under VPP the count 1 grows to the group of 2."""
 RTOL = 1e-5
 
 
@@ -44,6 +47,9 @@ def test_micro_batches_per_step_follow_the_plan(launches, layout: str) -> None:
             for chunk in range(NUM_CHUNKS[layout]):
                 assert read[step, chunk] == list(planned), f"step {step} chunk {chunk}"
         assert len(read) == TRAIN_ITERS * NUM_CHUNKS[layout]
+    if layout in STATIC_COUNTS:
+        assert counts == {STATIC_COUNTS[layout]}, counts
+        return
     assert len(counts) > 1, f"the plan should change the micro-batch count between steps, got {counts}"
 
 
