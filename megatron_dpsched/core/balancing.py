@@ -85,3 +85,58 @@ def _suffix_min(values: list[float]) -> list[float]:
     for k in range(len(out) - 2, -1, -1):
         out[k] = min(out[k], out[k + 1])
     return out
+
+
+def refine_by_moves(
+    plan: list[list[list[int]]],
+    *,
+    sizes: Sequence[int],
+    costs: Sequence[float],
+    cap: int,
+    max_moves: int,
+) -> None:
+    """Move single samples off the busiest rank while that lowers its cost (in place).
+
+    A sample moves into a micro-batch of one of the lightest ranks that has room
+    for it under ``cap``; it never leaves its micro-batch empty, so micro-batch
+    counts, the cap and oversize samples (always alone) are untouched.
+    """
+    loads = [sum(costs[i] for mb in rank for i in mb) for rank in plan]
+    fills = [[sum(sizes[i] for i in mb) for mb in rank] for rank in plan]
+    for _ in range(max_moves):
+        move = _best_move(plan, fills, loads, sizes=sizes, costs=costs, cap=cap)
+        if move is None:
+            return
+        source, source_bin, item, target, target_bin = move
+        plan[source][source_bin].remove(item)
+        plan[target][target_bin].append(item)
+        fills[source][source_bin] -= sizes[item]
+        fills[target][target_bin] += sizes[item]
+        loads[source] -= costs[item]
+        loads[target] += costs[item]
+
+
+def _best_move(
+    plan: list[list[list[int]]],
+    fills: list[list[int]],
+    loads: list[float],
+    *,
+    sizes: Sequence[int],
+    costs: Sequence[float],
+    cap: int,
+) -> tuple[int, int, int, int, int] | None:
+    """The move from the busiest rank to one of the 8 lightest that lowers the pair's peak most."""
+    source = max(range(len(loads)), key=loads.__getitem__)
+    best, best_peak = None, loads[source]
+    for target in heapq.nsmallest(8, range(len(loads)), key=loads.__getitem__):
+        room = [cap - fill for fill in fills[target]]
+        widest = max(room, default=0)
+        for source_bin, mb in enumerate(plan[source]):
+            if len(mb) < 2:
+                continue
+            for item in mb:
+                peak = max(loads[source] - costs[item], loads[target] + costs[item])
+                if peak < best_peak and sizes[item] <= widest:
+                    target_bin = next(b for b, r in enumerate(room) if r >= sizes[item])
+                    best, best_peak = (source, source_bin, item, target, target_bin), peak
+    return best

@@ -33,7 +33,9 @@ Steps (per optimizer step):
    ``balance_growth`` up to ``U * (1 + balance_growth)``. A larger ``M`` is
    kept only if it cuts the busiest rank's cost by more than 2%. If no count
    up to ``U`` fits, the global micro-batches are split to ``U * dp_size`` and
-   dealt to ranks by LPT, which always works.
+   dealt to ranks by LPT, which always works. A plan that is not yet balanced
+   is first refined: single samples move off the busiest rank into a lighter
+   rank's micro-batch with room, while that lowers the busiest rank's cost.
    ``balance="none"`` goes straight to this, dealing micro-batches round-robin.
 6. Order each rank's micro-batches: with ``pp_size > 1`` the cheapest at both
    ends (pipeline warm-up and cool-down), the dearest in the middle.
@@ -62,7 +64,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from megatron_dpsched.core.alignment import PipelineLayout
-from megatron_dpsched.core.balancing import assign_bins, lpt_assign
+from megatron_dpsched.core.balancing import assign_bins, lpt_assign, refine_by_moves
 from megatron_dpsched.core.cost import CostFunction, sample_costs
 from megatron_dpsched.core.ordering import order_micro_batches, resolve_order
 from megatron_dpsched.core.packing import (
@@ -400,6 +402,8 @@ def _plan_dynamic(sizes: list[int], costs: list[float], *, config: ScheduleConfi
             upper = config.layout.align(math.ceil(len(global_bins) / config.dp_size))
             if plan is None and best is None and num_microbatches >= upper:
                 plan = _plan_by_bins(global_bins, sizes, costs, config=config)
+            if plan is not None:
+                refine_by_moves(plan, sizes=sizes, costs=costs, cap=config.token_cap, max_moves=4 * config.dp_size)
         peak = _peak_cost(plan, costs)
         if peak < best_peak * (1 - BALANCE_TOLERANCE):
             best, best_peak = plan, peak

@@ -272,3 +272,15 @@ def test_balance_growth_spends_micro_batches_to_balance_when_the_cap_binds():
 def test_balance_growth_must_be_sane():
     with pytest.raises(ValueError, match="balance_growth"):
         build_dp_schedule([10], dp_size=1, global_batch_size=1, max_tokens_per_gpu=10, balance_growth=-1)
+
+
+def test_refine_moves_samples_off_the_busiest_rank_within_the_cap():
+    from megatron_dpsched.core.balancing import refine_by_moves
+
+    sizes = [50, 40, 10, 10, 30, 60]
+    plan = [[[0, 1], [2, 3]], [[4], [5]]]  # loads 110 and 90; rank 1 has room 70 and 40
+    refine_by_moves(plan, sizes=sizes, costs=[float(s) for s in sizes], cap=100, max_moves=10)
+    loads = [sum(sizes[i] for mb in rank for i in mb) for rank in plan]
+    assert loads == [100, 100]
+    assert all(mb for rank in plan for mb in rank)  # no micro-batch emptied
+    assert all(sum(sizes[i] for i in mb) <= 100 for rank in plan for mb in rank)
