@@ -284,3 +284,13 @@ def test_refine_moves_samples_off_the_busiest_rank_within_the_cap():
     assert loads == [100, 100]
     assert all(mb for rank in plan for mb in rank)  # no micro-batch emptied
     assert all(sum(sizes[i] for i in mb) <= 100 for rank in plan for mb in rank)
+
+
+@pytest.mark.parametrize(("count", "dp"), [(100, 8), (64, 8), (9, 4), (1000, 7)])
+def test_one_step_per_rollout_trains_a_multiple_of_dp_and_reports_the_rest(count, dp):
+    lengths = [(i * 37) % 500 + 1 for i in range(count)]
+    gbs = compute_dynamic_global_batch_size(count, dp)
+    schedule = plan(lengths, dp_size=dp, global_batch_size=gbs, max_tokens_per_gpu=1024, drop_last=True)
+    assert schedule.num_steps == 1
+    assert schedule.step_num_samples[0] % dp == 0
+    assert list(schedule.dropped) == list(range(gbs, count))
