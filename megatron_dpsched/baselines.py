@@ -22,8 +22,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from megatron_dpsched.core.config import RankPlan, ScheduleConfig
 from megatron_dpsched.core.packing import first_fit, split_to_count
-from megatron_dpsched.core.schedule import DPSchedule, RankPlan, ScheduleConfig, assemble_schedule
+from megatron_dpsched.core.schedule import DPSchedule, assemble_schedule
 from megatron_dpsched.core.steps import split_steps
 
 BASELINES = ("megatron_fixed", "per_rank_first_fit", "global_first_fit")

@@ -1,14 +1,10 @@
 """The pure planning core: no torch, no Megatron (see :mod:`.schedule` for the spec)."""
 
 from megatron_dpsched.core.alignment import PipelineLayout
+from megatron_dpsched.core.config import ScheduleConfig
 from megatron_dpsched.core.cost import CostModel
 from megatron_dpsched.core.invariants import ScheduleInvariantError
-from megatron_dpsched.core.schedule import (
-    DPSchedule,
-    ScheduleConfig,
-    build_dp_schedule,
-    plan_schedule,
-)
+from megatron_dpsched.core.schedule import DPSchedule, build_dp_schedule, plan_schedule
 from megatron_dpsched.core.stats import StepStats
 from megatron_dpsched.core.steps import compute_dynamic_global_batch_size
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from megatron_dpsched.core.planning import lower_bound_microbatches
+
 if TYPE_CHECKING:
     from megatron_dpsched.core.schedule import DPSchedule
 
@@ -55,8 +57,6 @@ def schedule_stats(schedule: DPSchedule) -> list[StepStats]:
 
 
 def _step_stats(schedule: DPSchedule, step: int) -> StepStats:
-    from megatron_dpsched.core.schedule import lower_bound_microbatches
-
     config, lengths, costs = schedule.config, schedule.lengths, schedule.costs
     per_rank = [schedule.rank_step_micro_batches(r, step) for r in range(schedule.dp_size)]
     rank_tokens = tuple(sum(lengths[i] for mb in rank for i in mb) for rank in per_rank)

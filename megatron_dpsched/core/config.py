@@ -1,0 +1,85 @@
+"""The options that shape a plan (validated on construction)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from megatron_dpsched.core.alignment import PipelineLayout
+from megatron_dpsched.core.ordering import resolve_order
+from megatron_dpsched.core.validation import require_int
+
+BALANCE_MODES = ("cost", "tokens", "none")
+
+RankPlan = list[list[int]]
+"""One rank's micro-batches in one step, as sample ids."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleConfig:
+    """Everything besides the samples that shapes a plan."""
+
+    dp_size: int
+    """Data-parallel ranks (context parallelism excluded)."""
+    global_batch_size: int
+    """Samples per optimizer step (groups per step when the plan has groups)."""
+    max_tokens_per_gpu: int | None = None
+    """Dynamic batching: token cap per micro-batch per GPU (times ``cp_size`` per DP rank)."""
+    micro_batch_size: int | None = None
+    """Static batching: at most this many samples per micro-batch."""
+    cp_size: int = 1
+    """Context-parallel ranks sharing each micro-batch."""
+    pp_size: int = 1
+    """Pipeline-parallel stages."""
+    vpp_size: int = 1
+    """Virtual pipeline stages per pipeline rank (interleaved schedule when > 1)."""
+    microbatch_group_size_per_vp_stage: int | None = None
+    """Interleaved schedule group size; ``None`` means ``pp_size`` as in Megatron."""
+    balance: str = "cost"
+    """``"cost"`` (cost model), ``"tokens"`` (token counts) or ``"none"`` (round-robin)."""
+    drop_last: bool = False
+    """Drop a trailing partial step (its samples go to ``dropped``) instead of running it smaller."""
+    balance_growth: float = 0.0
+    """With a token cap: the share by which the micro-batch count may exceed that of one global
+    packing when more micro-batches balance the ranks better (heavy tails at high fill). 0 keeps
+    the count at or below a global first fit."""
+    microbatch_order: str | None = None
+    """``"pipeline"`` (cheap micro-batches at both ends), ``"none"``, or ``None``/``"auto"``:
+    ``"pipeline"`` when ``pp_size > 1``. Stored resolved."""
+
+    def __post_init__(self) -> None:
+        require_int("dp_size", self.dp_size)
+        require_int("global_batch_size", self.global_batch_size)
+        require_int("cp_size", self.cp_size)
+        self.layout.validate()
+        self._validate_batching()
+        if not 0.0 <= self.balance_growth <= 10.0:
+            raise ValueError(f"balance_growth must be between 0 and 10, got {self.balance_growth!r}")
+        if self.balance not in BALANCE_MODES:
+            raise ValueError(f"balance must be one of {', '.join(BALANCE_MODES)}; got {self.balance!r}")
+        object.__setattr__(self, "microbatch_order", resolve_order(self.microbatch_order, self.pp_size))
+
+    def _validate_batching(self) -> None:
+        cap, mbs = self.max_tokens_per_gpu, self.micro_batch_size
+        if (cap is None) == (mbs is None):
+            raise ValueError(
+                "give exactly one of max_tokens_per_gpu (dynamic batching) and micro_batch_size "
+                f"(static batching); got max_tokens_per_gpu={cap!r}, micro_batch_size={mbs!r}"
+            )
+        if cap is not None:
+            require_int("max_tokens_per_gpu", cap)
+        if mbs is not None:
+            require_int("micro_batch_size", mbs)
+
+    @property
+    def layout(self) -> PipelineLayout:
+        """The pipeline shape that decides which micro-batch counts are legal."""
+        return PipelineLayout(
+            pp_size=self.pp_size,
+            vpp_size=self.vpp_size,
+            microbatch_group_size_per_vp_stage=self.microbatch_group_size_per_vp_stage,
+        )
+
+    @property
+    def token_cap(self) -> int | None:
+        """Tokens per micro-batch per DP rank: ``max_tokens_per_gpu * cp_size``."""
+        return None if self.max_tokens_per_gpu is None else self.max_tokens_per_gpu * self.cp_size

@@ -1,0 +1,191 @@
+"""Planning one step: steps 2-6 of the spec in :mod:`megatron_dpsched.core.schedule`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from megatron_dpsched.core.balancing import assign_bins, lpt_assign, refine_by_moves
+from megatron_dpsched.core.config import RankPlan, ScheduleConfig
+from megatron_dpsched.core.ordering import order_micro_batches
+from megatron_dpsched.core.packing import (
+    best_fit_decreasing,
+    bin_lower_bound,
+    first_fit,
+    pack_into,
+    split_to_count,
+)
+
+
+def plan_step(
+    samples: Sequence[int],
+    *,
+    sizes: Sequence[int],
+    costs: Sequence[float],
+    config: ScheduleConfig,
+) -> list[RankPlan]:
+    """One step: per rank, its micro-batches (global sample ids) in run order."""
+    local_sizes = [sizes[i] for i in samples]
+    local_costs = [costs[i] for i in samples]
+    if config.micro_batch_size is not None:
+        ranks = _plan_static(local_sizes, local_costs, config=config)
+    else:
+        ranks = _plan_dynamic(local_sizes, local_costs, config=config)
+    order = config.microbatch_order
+    return [
+        [[samples[i] for i in mb] for mb in order_micro_batches(rank, local_costs, order)]
+        for rank in ranks
+    ]
+
+
+def lower_bound_microbatches(sizes: Sequence[int], *, config: ScheduleConfig) -> int:
+    """Step 2: the fewest legal micro-batches per rank any plan of these samples can run."""
+    dp = config.dp_size
+    if config.micro_batch_size is not None:
+        needed = math.ceil(len(sizes) / (config.micro_batch_size * dp))
+    else:
+        needed = math.ceil(bin_lower_bound(sizes, config.token_cap) / dp)
+    return config.layout.align(needed)
+
+
+def _plan_static(sizes: list[int], costs: list[float], *, config: ScheduleConfig) -> list[RankPlan]:
+    dp, count = config.dp_size, len(sizes)
+    num_microbatches = lower_bound_microbatches(sizes, config=config)
+    if config.balance == "none":
+        ranks = [list(range(count))[r * count // dp : (r + 1) * count // dp] for r in range(dp)]
+    else:
+        ranks = lpt_assign(
+            range(count),
+            costs=costs,
+            weights=[1.0] * count,
+            capacity=num_microbatches * config.micro_batch_size,
+            num_ranks=dp,
+        )
+        assert ranks is not None, "static capacity covers every sample"
+    return [_chunk_by_length(items, sizes, num_microbatches) for items in ranks]
+
+
+def _chunk_by_length(items: list[int], sizes: Sequence[int], num_bins: int) -> RankPlan:
+    """Split into ``num_bins`` near-equal-count micro-batches of similar lengths (least padding)."""
+    ordered = sorted(items, key=lambda i: (-sizes[i], i))
+    base, extra = divmod(len(ordered), num_bins)
+    bins, start = [], 0
+    for b in range(num_bins):
+        stop = start + base + (b < extra)
+        bins.append(ordered[start:stop])
+        start = stop
+    return bins
+
+
+BALANCE_TOLERANCE = 0.02
+"""A larger micro-batch count must cut the busiest rank's cost by more than this share to be chosen."""
+
+
+def _plan_dynamic(sizes: list[int], costs: list[float], *, config: ScheduleConfig) -> list[RankPlan]:
+    """Steps 3-5: the smallest count that balances, within the count of one global packing."""
+    items = range(len(sizes))
+    if config.balance == "none":
+        return _plan_by_bins(best_fit_decreasing(items, sizes, config.token_cap), sizes, costs, config=config)
+    ideal = max(sum(costs) / config.dp_size, max(costs))
+    num_microbatches = lower_bound_microbatches(sizes, config=config)
+    best, best_peak = None, math.inf
+    global_bins: list[list[int]] | None = None
+    upper = num_microbatches
+    while True:
+        plan = _assign_and_pack(
+            sizes, costs, cap=config.token_cap, dp=config.dp_size, num_microbatches=num_microbatches
+        )
+        if plan is None or _peak_cost(plan, costs) > ideal * (1 + BALANCE_TOLERANCE):
+            global_bins = global_bins or _global_packing(sizes, config.token_cap)
+            upper = config.layout.align(math.ceil(len(global_bins) / config.dp_size))
+            if plan is None and best is None and num_microbatches >= upper:
+                plan = _plan_by_bins(global_bins, sizes, costs, config=config)
+            if plan is not None:
+                refine_by_moves(plan, sizes=sizes, costs=costs, cap=config.token_cap, max_moves=4 * config.dp_size)
+        peak = _peak_cost(plan, costs)
+        if peak < best_peak * (1 - BALANCE_TOLERANCE):
+            best, best_peak = plan, peak
+        if best_peak <= ideal * (1 + BALANCE_TOLERANCE):
+            return best
+        limit = config.layout.align(math.ceil(upper * (1 + config.balance_growth)))
+        if best is not None and num_microbatches >= limit:
+            return best
+        num_microbatches = config.layout.next_legal(num_microbatches)
+
+
+def _global_packing(sizes: list[int], cap: int) -> list[list[int]]:
+    """The better of best-fit decreasing and first fit in arrival order over the whole step."""
+    items = range(len(sizes))
+    return min(best_fit_decreasing(items, sizes, cap), first_fit(items, sizes, cap), key=len)
+
+
+def _peak_cost(plan: list[RankPlan] | None, costs: list[float]) -> float:
+    if plan is None:
+        return math.inf
+    return max(sum(costs[i] for mb in rank for i in mb) for rank in plan)
+
+
+def _plan_by_bins(
+    bins: list[list[int]], sizes: list[int], costs: list[float], *, config: ScheduleConfig
+) -> list[RankPlan]:
+    """Step 5: global micro-batches split to ``M * dp_size`` and dealt to ranks."""
+    dp = config.dp_size
+    num_microbatches = config.layout.align(math.ceil(len(bins) / dp))
+    bins = split_to_count(bins, sizes, num_microbatches * dp)
+    owners = assign_bins(bins, costs=costs, num_ranks=dp, balance=config.balance != "none")
+    return [[bins[b] for b in owned] for owned in owners]
+
+
+def _assign_and_pack(
+    sizes: list[int], costs: list[float], *, cap: int, dp: int, num_microbatches: int
+) -> list[RankPlan] | None:
+    """Steps 3-4 for one candidate micro-batch count; ``None`` if it does not fit."""
+    weights = [min(size, cap) for size in sizes]
+    ranks = lpt_assign(
+        range(len(sizes)), costs=costs, weights=weights, capacity=num_microbatches * cap, num_ranks=dp
+    )
+    if ranks is None:
+        return None
+    packed = [pack_into(items, sizes, cap, num_microbatches) for items in ranks]
+    if all(bins is not None for bins in packed):
+        return packed
+    return _repair_overflow(ranks, packed, sizes, costs, cap=cap, num_microbatches=num_microbatches)
+
+
+def _repair_overflow(
+    ranks: list[list[int]],
+    packed: list[RankPlan | None],
+    sizes: list[int],
+    costs: list[float],
+    *,
+    cap: int,
+    num_microbatches: int,
+) -> list[RankPlan] | None:
+    """Move the samples of overflowing ranks' emptiest micro-batches to the lightest ranks with room."""
+    loads = [sum(costs[i] for i in items) for items in ranks]
+    homeless: list[int] = []
+    bins_per_rank: list[RankPlan] = []
+    for rank, bins in enumerate(packed):
+        if bins is None:
+            bins = sorted(best_fit_decreasing(ranks[rank], sizes, cap), key=lambda b: -_load(b, sizes))
+            for item in (i for b in bins[num_microbatches:] for i in b):
+                homeless.append(item)
+                loads[rank] -= costs[item]
+            bins = bins[:num_microbatches]
+        bins_per_rank.append(bins)
+    residuals = [[cap - _load(b, sizes) for b in bins] for bins in bins_per_rank]
+    for item in sorted(homeless, key=lambda i: -sizes[i]):
+        size = sizes[item]
+        fits = [r for r in range(len(loads)) if residuals[r] and max(residuals[r]) >= size]
+        if not fits:
+            return None
+        rank = min(fits, key=lambda r: loads[r])
+        b = next(b for b, room in enumerate(residuals[rank]) if room >= size)
+        bins_per_rank[rank][b].append(item)
+        residuals[rank][b] -= size
+        loads[rank] += costs[item]
+    return [split_to_count(bins, sizes, num_microbatches) for bins in bins_per_rank]
+
+
+def _load(items: Sequence[int], sizes: Sequence[int]) -> int:
+    return sum(sizes[i] for i in items)
