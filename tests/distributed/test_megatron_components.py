@@ -302,3 +302,12 @@ def test_indexed_dataset_corpus_round_trip(tmp_path) -> None:
         IndexedTokenDataset(tmp_path / "missing")
     with pytest.raises(ValueError, match="at least 2 token ids"):
         IndexedTokenDataset(write_token_indexed(tmp_path / "short", [[1, 2], [3]]))
+
+
+def test_product_path_never_imports_the_cpu_shim() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, megatron_dpsched.megatron as m; m.enable(); m.disable(); "
+            "assert 'megatron_dpsched.megatron.cpu_shim' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
