@@ -7,7 +7,8 @@ Launch with ``torchrun`` like Megatron's own GPT entry point (see ``examples/``)
         --data-path corpus.jsonl --tokenizer-type NullTokenizer --vocab-size V \\
         --dp-schedule --dp-schedule-max-tokens-per-gpu 16384 --micro-batch-size 1
 
-Data: ``--data-path x.jsonl``, one ``{"tokens": [id, ...]}`` per line, or ``--data-path PREFIX``
+Data: ``--data-path x.jsonl`` (or ``--train-data-path x.jsonl`` with ``--valid-data-path v.jsonl``
+for a validation set), one ``{"tokens": [id, ...]}`` per line, or ``--data-path PREFIX``
 of a Megatron indexed dataset (``PREFIX.bin``/``PREFIX.idx``, one sample per stored sequence;
 lengths come from the index). A sequence of ``L`` ids is a sample of ``L - 1`` positions; every
 sample must fit ``--seq-length``.
@@ -33,6 +34,8 @@ Megatron's real ``setup_model_and_optimizer``, data-iterator builder and ``train
 from __future__ import annotations
 
 import argparse
+import functools
+import inspect
 import os
 import sys
 from pathlib import Path
@@ -78,18 +81,25 @@ def extra_args_provider(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
 
 def adjust_args(args: argparse.Namespace) -> None:
     """Check the data flags and set what this entry point needs (after Megatron's validation)."""
-    paths = args.data_path or []
-    if len(paths) != 1:
-        raise ValueError(f"--data-path takes exactly one .jsonl file or indexed-dataset prefix; got {paths}")
-    path = Path(paths[0])
-    if path.suffix == ".jsonl" and not path.is_file():
-        raise ValueError(f"--data-path {path} does not exist")
-    if path.suffix != ".jsonl" and not path.with_name(path.name + ".idx").is_file():
-        raise ValueError(f"--data-path {path}: neither a .jsonl file nor the prefix of {path.name}.bin/.idx")
+    flag = "--data-path" if args.data_path else "--train-data-path"
+    _check_corpus_path(flag, args.data_path or args.train_data_path)
+    if args.valid_data_path:
+        _check_corpus_path("--valid-data-path", args.valid_data_path)
     args.calculate_per_token_loss = True
     if args.eval_interval is None:  # no validation set is built; Megatron still divides by it
         args.eval_interval = args.train_iters or 1
     setup_dp_schedule(args)  # validates the --dp-schedule flags and installs the hooks
+
+
+def _check_corpus_path(flag: str, paths: list[str] | None) -> None:
+    """One ``.jsonl`` file or indexed-dataset prefix per flag (no blends)."""
+    if not paths or len(paths) != 1:
+        raise ValueError(f"{flag} takes exactly one .jsonl file or indexed-dataset prefix; got {paths}")
+    path = Path(paths[0])
+    if path.suffix == ".jsonl" and not path.is_file():
+        raise ValueError(f"{flag} {path} does not exist")
+    if path.suffix != ".jsonl" and not path.with_name(path.name + ".idx").is_file():
+        raise ValueError(f"{flag} {path}: neither a .jsonl file nor the prefix of {path.name}.bin/.idx")
 
 
 def parse_arguments(dry_run: bool) -> argparse.Namespace:
@@ -150,24 +160,34 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
 def corpus(args: argparse.Namespace) -> TokenJsonlDataset | IndexedTokenDataset:
     """The ``--data-path`` corpus, loaded once per process."""
     if "corpus" not in _state:
-        _state["corpus"] = open_corpus(args.data_path[0])
+        _state["corpus"] = open_corpus((args.data_path or args.train_data_path)[0])
     return _state["corpus"]
 
 
-def datasets_provider(num_samples: Any) -> tuple[Any, None, None]:
-    """Training data only (no validation / test sets): the raw corpus for ``--dp-schedule`` (its
-    ``lengths`` drive the plan), else the corpus padded to ``--seq-length``."""
+def datasets_provider(num_samples: Any) -> tuple[Any, Any, None]:
+    """Training data and, with ``--valid-data-path``, validation data (no test set): the raw corpora
+    for ``--dp-schedule`` (their ``lengths`` drive the plan), else padded to ``--seq-length``."""
     from megatron.training.global_vars import get_args
 
     args = get_args()
-    samples = corpus(args)
+    train = _fitting(corpus(args), args, "--data-path" if args.data_path else "--train-data-path")
+    valid = None
+    if args.valid_data_path:
+        if "valid" not in _state:
+            _state["valid"] = _fitting(open_corpus(args.valid_data_path[0]), args, "--valid-data-path")
+        valid = _state["valid"]
+    if args.dp_schedule:
+        return train, valid, None
+    pad = functools.partial(PaddedSampleDataset, seq_length=args.seq_length)
+    return pad(train), None if valid is None else pad(valid), None
+
+
+def _fitting(samples: Any, args: argparse.Namespace, flag: str) -> Any:
     longest = max(samples.lengths)
     if longest > args.seq_length:
         raise ValueError(f"--seq-length {args.seq_length} is shorter than the longest sample "
-                         f"({longest} tokens) of --data-path {samples.path}")
-    if args.dp_schedule:
-        return samples, None, None
-    return PaddedSampleDataset(samples, seq_length=args.seq_length), None, None
+                         f"({longest} tokens) of {flag} {samples.path}")
+    return samples
 
 
 train_valid_test_datasets_provider = scheduled_datasets_provider(datasets_provider)
@@ -207,7 +227,7 @@ def install_recorder(args: argparse.Namespace) -> None:
 def record_plan(args: argparse.Namespace) -> None:
     """With ``--step-stats-dir`` and ``--dp-schedule``: store the trained steps' plans, asked afresh."""
     recorder = _state.get("recorder")
-    feed = next(iter(train_valid_test_datasets_provider.feeds.values()), None)
+    feed = train_valid_test_datasets_provider.feeds.get("train")
     if recorder is not None and feed is not None:
         write_plan(args.step_stats_dir, rank=torch.distributed.get_rank(), feed=feed, num_steps=recorder.step)
 
@@ -265,7 +285,6 @@ def run_cpu_dry_run(args: argparse.Namespace) -> None:
 
 def _data_iterators(num_chunks: int) -> tuple[Any, Any]:
     """Megatron's ``build_train_valid_test_data_iterators``, once per model chunk as ``pretrain`` does."""
-    import functools
 
     from megatron.training.training import build_train_valid_test_data_iterators
 
@@ -273,7 +292,9 @@ def _data_iterators(num_chunks: int) -> tuple[Any, Any]:
         train_iter, valid_iter, _ = build_train_valid_test_data_iterators(train_valid_test_datasets_provider)
         return train_iter, valid_iter
     built = []
-    for stage in range(num_chunks):
+    for stage in range(num_chunks):  # as pretrain() does under a virtual pipeline
+        if "vp_stage" not in inspect.signature(train_valid_test_datasets_provider).parameters:
+            raise AssertionError("vp_stage must be a kwarg of the datasets provider (Megatron asserts it)")
         provider = functools.partial(train_valid_test_datasets_provider, vp_stage=stage)
         provider.is_distributed = True
         built.append(build_train_valid_test_data_iterators(provider))

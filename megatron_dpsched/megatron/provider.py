@@ -17,7 +17,6 @@ this module only wires datasets, ranks and flags together.
 
 from __future__ import annotations
 
-import functools
 import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -48,12 +47,19 @@ def setup_dp_schedule(args: Any) -> None:
     enable()
 
 
+ROLES = ("train", "valid", "test")
+
+
 def scheduled_datasets_provider(provider: DatasetsProvider) -> DatasetsProvider:
-    """Wrap a ``train_valid_test_datasets_provider`` so ``--dp-schedule`` feeds its datasets by the plan."""
-    feeds: dict[int, ScheduledDatasetLoader] = {}
+    """Wrap a ``train_valid_test_datasets_provider`` so ``--dp-schedule`` feeds its datasets by the plan.
+
+    One feed per role (train, valid, test), built on the first call: Megatron calls the
+    provider once per virtual pipeline stage, and every stage must read the same feed
+    even when the provider builds fresh dataset objects each time.
+    """
+    feeds: dict[str, ScheduledDatasetLoader] = {}
     takes_vp_stage = "vp_stage" in inspect.signature(provider).parameters
 
-    @functools.wraps(provider)
     def wrapped(num_samples: Any, vp_stage: int | None = None) -> tuple[Any, Any, Any]:
         from megatron.training.global_vars import get_args
 
@@ -61,38 +67,43 @@ def scheduled_datasets_provider(provider: DatasetsProvider) -> DatasetsProvider:
         datasets = provider(num_samples, vp_stage=vp_stage) if takes_vp_stage else provider(num_samples)
         if not getattr(args, "dp_schedule", False):
             return datasets
-        consumed = (args.consumed_train_samples, args.consumed_valid_samples, 0)
         return tuple(
-            _chunk_of(feeds, dataset, args=args, consumed_samples=start, vp_stage=vp_stage)
-            for dataset, start in zip(datasets, consumed)
+            _chunk_of(feeds, role, dataset, args=args, vp_stage=vp_stage)
+            for role, dataset in zip(ROLES, datasets)
         )
 
+    wrapped.__name__ = getattr(provider, "__name__", "scheduled_datasets_provider")
+    wrapped.__doc__ = provider.__doc__
     wrapped.is_distributed = True  # every tensor-parallel rank builds the same feed itself
-    wrapped.feeds = feeds  # the feeds built so far, training data first
+    wrapped.feeds = feeds  # role -> feed, built on first use
     return wrapped
 
 
 def _chunk_of(
-    feeds: dict[int, ScheduledDatasetLoader],
-    dataset: Any,
-    *,
-    args: Any,
-    consumed_samples: int,
-    vp_stage: int | None,
+    feeds: dict[str, ScheduledDatasetLoader], role: str, dataset: Any, *, args: Any, vp_stage: int | None
 ) -> Any:
-    """The ``vp_stage`` chunk iterator of the feed for ``dataset`` (one feed per dataset)."""
+    """The ``vp_stage`` chunk iterator of the feed for ``role`` (built once, shared by all stages)."""
     if dataset is None:
         return None
-    if id(dataset) not in feeds:
-        feeds[id(dataset)] = build_feed(dataset, args=args, consumed_samples=consumed_samples)
-    return feeds[id(dataset)].chunks[vp_stage or 0]
+    if role not in feeds:
+        feeds[role] = build_feed(dataset, args=args, role=role)
+    return feeds[role].chunks[vp_stage or 0]
 
 
-def build_feed(dataset: Any, *, args: Any, consumed_samples: int) -> ScheduledDatasetLoader:
-    """A :class:`ScheduledDatasetLoader` for this process's data-parallel rank, from Megatron's ``args``."""
+def build_feed(dataset: Any, *, args: Any, role: str = "train") -> ScheduledDatasetLoader:
+    """A :class:`ScheduledDatasetLoader` for this process's data-parallel rank, from Megatron's ``args``.
+
+    ``role`` picks Megatron's position and batch size: training data starts at
+    ``consumed_train_samples`` with ``--global-batch-size``; validation at
+    ``consumed_valid_samples`` (0 with ``--skip-train``) and test at 0, both with
+    ``--eval-global-batch-size``, which is what ``evaluate()`` advances by.
+    """
     from megatron.core import parallel_state as mpu
 
     lengths = _lengths_of(dataset)
+    kwargs = schedule_kwargs_from_args(args, data_parallel_size=mpu.get_data_parallel_world_size())
+    if role != "train":
+        kwargs["global_batch_size"] = getattr(args, "eval_global_batch_size", None) or args.global_batch_size
     multiple = pad_multiple_for(tensor_parallel_size=args.tensor_model_parallel_size,
                                 context_parallel_size=args.context_parallel_size,
                                 sequence_parallel=args.sequence_parallel)
@@ -100,12 +111,20 @@ def build_feed(dataset: Any, *, args: Any, consumed_samples: int) -> ScheduledDa
         dataset,
         lengths=lengths,
         rank=mpu.get_data_parallel_rank(),
-        schedule_kwargs=schedule_kwargs_from_args(args, data_parallel_size=mpu.get_data_parallel_world_size()),
-        consumed_samples=consumed_samples,
+        schedule_kwargs=kwargs,
+        consumed_samples=_start_of(role, args),
         num_chunks=args.virtual_pipeline_model_parallel_size or 1,
         collate=CollateConfig(format=DPScheduleOptions.from_args(args).collate_format, pad_multiple=multiple),
         verify=args.dp_schedule_verify,
     )
+
+
+def _start_of(role: str, args: Any) -> int:
+    if role == "train":
+        return int(args.consumed_train_samples)
+    if role == "valid" and not getattr(args, "skip_train", False):
+        return int(args.consumed_valid_samples)
+    return 0
 
 
 def _lengths_of(dataset: Any) -> Sequence[int]:
