@@ -103,6 +103,7 @@ def validate_dp_schedule_args(args: Any) -> None:
     _check_token_cap(options, args)
     _check_pipeline_layout(args)
     _refuse_conflicts(args)
+    _check_collate_format(options, args)
     args.calculate_per_token_loss = True
     if args.pipeline_model_parallel_size > 1:
         args.variable_seq_lengths = True
@@ -123,6 +124,17 @@ def _check_token_cap(options: DPScheduleOptions, args: Any) -> None:
             "--dp-schedule-max-tokens-per-gpu plans micro-batches by tokens; --micro-batch-size "
             f"must stay 1 (it is the sample-accounting unit), got {args.micro_batch_size}"
         )
+
+
+def _check_collate_format(options: DPScheduleOptions, args: Any) -> None:
+    if options.collate_format != "thd":
+        return
+    if getattr(args, "context_parallel_size", 1) > 1:
+        raise ValueError("--dp-schedule-collate-format thd with --context-parallel-size > 1 is not supported "
+                         "yet; use bshd")
+    if getattr(args, "transformer_impl", "transformer_engine") == "local":
+        raise ValueError("--dp-schedule-collate-format thd needs an attention backend that takes packed "
+                         "sequences (Transformer Engine); --transformer-impl local does not")
 
 
 def _check_pipeline_layout(args: Any) -> None:
@@ -150,6 +162,8 @@ _CONFLICTS = (
     ("hybrid_context_parallel", "--hybrid-context-parallel"),
     ("perform_rl_step", "--perform-rl-step"),
     ("rl_use_sequence_packing", "--rl-use-sequence-packing"),
+    ("full_validation", "--full-validation"),
+    ("moe_expert_rank_capacity_factor", "--moe-expert-rank-capacity-factor"),
 )
 """Flags (off when falsy) whose batch handling contradicts a planned step."""
 

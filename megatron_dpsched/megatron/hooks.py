@@ -98,6 +98,7 @@ def scheduled_forward_backward(forward_backward_func: Callable[..., Any]) -> Cal
         feed = None if args else find_step_feed(kwargs.get("data_iterator"))
         if feed is None:
             return forward_backward_func(*args, **kwargs)
+        check_data_parallel_size(feed)
         replay = is_replaying(kwargs["data_iterator"])
         step = feed.current if replay else feed.begin_step()
         assert step is not None, "a rerun replays a step that has started"
@@ -134,6 +135,20 @@ def _feed_of(iterator: Any) -> StepFeed | None:
     inner = getattr(iterator, "iterable", iterator)  # RerunDataIterator keeps the original here
     feed = getattr(inner, "feed", None)
     return feed if isinstance(feed, StepFeed) else None
+
+
+def check_data_parallel_size(feed: StepFeed) -> None:
+    """Raise ``ValueError`` if the feed's plan was made for another data-parallel size."""
+    from megatron.core import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        return  # no data-parallel group to compare with (a custom loop outside Megatron)
+    actual = parallel_state.get_data_parallel_world_size()
+    if feed.dp_size != actual:
+        raise ValueError(
+            f"dp-schedule: the plan was made for dp_size={feed.dp_size}, but this job runs {actual} "
+            f"data-parallel ranks; plan again with dp_size={actual}"
+        )
 
 
 def check_interleaved_count(num_microbatches: int, model: Any) -> None:

@@ -91,6 +91,11 @@ class StepFeed(ABC):
         self.current: StepBatches | None = None
         self._cache: dict[int, dict[str, Any]] = {}
 
+    @property
+    @abstractmethod
+    def dp_size(self) -> int:
+        """The data-parallel size the plan was made for."""
+
     @abstractmethod
     def _plan_next_step(self) -> StepBatches:
         """This rank's part of the next step; raise ``StopIteration`` when there is none."""
@@ -182,6 +187,10 @@ class ScheduledDataIterator(StepFeed):
         self.start_step = start_step
         self.next_step = start_step
 
+    @property
+    def dp_size(self) -> int:
+        return self.schedule.dp_size
+
     def reset(self) -> None:
         """Start again from ``start_step``."""
         self.next_step = self.start_step
@@ -226,6 +235,10 @@ class ScheduledDatasetLoader(StepFeed):
         self.global_batch_size = int(schedule_kwargs["global_batch_size"])
         self.start_consumed_samples = consumed_samples
         self.consumed_samples = consumed_samples
+
+    @property
+    def dp_size(self) -> int:
+        return int(self.schedule_kwargs["dp_size"])
 
     def reset(self) -> None:
         """Start again from the ``consumed_samples`` given at construction."""

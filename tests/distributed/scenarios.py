@@ -42,6 +42,8 @@ class WholeBatchFeed:
         from megatron_dpsched.megatron.iterator import StepBatches, StepFeed
 
         class _Feed(StepFeed):
+            dp_size = 1  # the reference runs on one process
+
             def __init__(self) -> None:
                 super().__init__(collate=CollateConfig(format="bshd"), verify="strict")
                 self.next_step = 0
@@ -209,6 +211,35 @@ def bad_layout() -> dict[str, Any]:
     return {"error": None}
 
 
+def dp_mismatch() -> dict[str, Any]:
+    """A shipped plan made for 4 data-parallel ranks, run on 2: refused before the first step."""
+    from megatron.core.utils import get_model_config
+    from megatron.training.training import train
+
+    from megatron_dpsched import build_dp_schedule
+    from megatron_dpsched.megatron import ScheduledDataIterator
+
+    args = harness.parse_megatron_args(harness.base_argv())
+    harness.initialize(args)
+    harness.install_hooks()
+    try:
+        model, optimizer, scheduler = harness.build_model_and_optimizer()
+        plan = build_dp_schedule(LENGTHS[:GLOBAL_BATCH], dp_size=4, global_batch_size=GLOBAL_BATCH,
+                                 max_tokens_per_gpu=40)
+        feed = ScheduledDataIterator(plan, rank=0, samples=harness.make_sample)
+        before = [p.detach().clone() for p in model[0].parameters()]
+        try:
+            train(_recording_forward_step([]), model, optimizer, scheduler, feed.megatron_iterators(),
+                  None, None, get_model_config(model[0]), {}, None)
+        except ValueError as error:
+            unchanged = all(torch.equal(a, b) for a, b in zip(before, model[0].parameters()))
+            return {"error": str(error), "unchanged": unchanged}
+        return {"error": None, "unchanged": None}
+    finally:
+        harness.remove_hooks()
+        harness.teardown()
+
+
 SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
     "dp2": lambda: run_training(Layout()),
     "dp2_precomputed": lambda: run_training(Layout(), precomputed=True),
@@ -221,4 +252,5 @@ SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
     "pp2_vpp2_static": lambda: run_training(Layout(pp=2, vpp=2, static_micro_batch_size=8)),
     "reference": lambda: run_training(Layout(), reference=True),
     "bad_layout": bad_layout,
+    "dp_mismatch": dp_mismatch,
 }

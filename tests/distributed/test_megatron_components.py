@@ -73,6 +73,10 @@ def test_validation_turns_on_per_token_loss_and_variable_lengths_under_pp() -> N
     ((), {"cuda_graph_impl": "full_iteration"}, "--cuda-graph-impl"),
     (("--dp-schedule-max-tokens-per-gpu", "64", "--dp-schedule-balance-growth", "-1"), {},
      "--dp-schedule-balance-growth"),
+    ((), {"full_validation": True}, "--full-validation"),
+    ((), {"moe_expert_rank_capacity_factor": 1.0}, "--moe-expert-rank-capacity-factor"),
+    (("--dp-schedule-collate-format", "thd"), {"context_parallel_size": 2}, "--dp-schedule-collate-format thd"),
+    (("--dp-schedule-collate-format", "thd"), {"transformer_impl": "local"}, "--transformer-impl local"),
 ])
 def test_bad_flags_fail_naming_the_flag(argv: tuple, overrides: dict, flag: str) -> None:
     with pytest.raises(ValueError, match=flag):

@@ -35,6 +35,13 @@ def test_bad_layout_fails_before_training_naming_the_flag(launches) -> None:
         assert "--microbatch-group-size-per-virtual-pipeline-stage" in result["error"]
 
 
+def test_a_plan_for_another_dp_size_is_refused_before_training(launches) -> None:
+    for result in launches.get("dp_mismatch"):
+        assert result["error"] is not None, "a plan made for dp_size=4 ran on 2 ranks"
+        assert "dp_size=4" in result["error"] and "runs 2" in result["error"]
+        assert result["unchanged"], "weights changed before the mismatch was caught"
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_micro_batches_per_step_follow_the_plan(launches, layout: str) -> None:
     counts = set()
