@@ -11,7 +11,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from megatron_dpsched.core import DPSchedule, build_dp_schedule
+from megatron_dpsched.core import DPSchedule, ScheduleInvariantError, build_dp_schedule
 
 
 def read_lengths(path: str) -> list[int]:
@@ -85,7 +85,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             with open(args.plan, encoding="utf-8") as handle:
                 schedule = DPSchedule.from_dict(json.load(handle))
         schedule.check()
-    except (ValueError, OSError) as error:
+    except KeyError as error:
+        print(f"megatron-dpsched: error: not a plan: missing key {error}", file=sys.stderr)
+        return 2
+    except (ValueError, OSError, TypeError, ScheduleInvariantError) as error:
         print(f"megatron-dpsched: error: {error}", file=sys.stderr)
         return 2
     print_stats(schedule)

@@ -47,13 +47,18 @@ class ScheduleConfig:
     ``"pipeline"`` when ``pp_size > 1``. Stored resolved."""
 
     def __post_init__(self) -> None:
-        require_int("dp_size", self.dp_size)
-        require_int("global_batch_size", self.global_batch_size)
-        require_int("cp_size", self.cp_size)
+        for name in ("dp_size", "global_batch_size", "cp_size", "pp_size", "vpp_size"):
+            object.__setattr__(self, name, require_int(name, getattr(self, name)))
         self.layout.validate()
         self._validate_batching()
-        if not 0.0 <= self.balance_growth <= 10.0:
-            raise ValueError(f"balance_growth must be between 0 and 10, got {self.balance_growth!r}")
+        for name in ("max_tokens_per_gpu", "micro_batch_size", "microbatch_group_size_per_vp_stage"):
+            if getattr(self, name) is not None:  # plain ints: NumPy integers would not serialise to JSON
+                object.__setattr__(self, name, int(getattr(self, name)))
+        growth = self.balance_growth
+        if isinstance(growth, bool) or not isinstance(growth, (int, float)) or not 0.0 <= growth <= 10.0:
+            raise ValueError(f"balance_growth must be a number between 0 and 10, got {growth!r}")
+        object.__setattr__(self, "balance_growth", float(growth))
+        object.__setattr__(self, "drop_last", bool(self.drop_last))
         if self.balance not in BALANCE_MODES:
             raise ValueError(f"balance must be one of {', '.join(BALANCE_MODES)}; got {self.balance!r}")
         object.__setattr__(self, "microbatch_order", resolve_order(self.microbatch_order, self.pp_size))

@@ -79,18 +79,21 @@ def _chunk_by_length(items: list[int], sizes: Sequence[int], num_bins: int) -> R
 
 BALANCE_TOLERANCE = 0.02
 """A larger micro-batch count must cut the busiest rank's cost by more than this share to be chosen."""
+MAX_STALE_COUNTS = 2
+"""Stop growing the count after this many larger counts in a row brought no better plan (the
+samples are too coarse to balance, e.g. dp_size + 1 equal samples)."""
 
 
 def _plan_dynamic(sizes: list[int], costs: list[float], *, config: ScheduleConfig) -> list[RankPlan]:
     """Steps 3-5: the smallest count that balances, within the count of one global packing."""
-    items = range(len(sizes))
     if config.balance == "none":
-        return _plan_by_bins(best_fit_decreasing(items, sizes, config.token_cap), sizes, costs, config=config)
+        return _plan_by_bins(_global_packing(sizes, config.token_cap), sizes, costs, config=config)
     ideal = max(sum(costs) / config.dp_size, max(costs))
     num_microbatches = lower_bound_microbatches(sizes, config=config)
     best, best_peak = None, math.inf
     global_bins: list[list[int]] | None = None
     upper = num_microbatches
+    stale = 0  # larger counts tried in a row without a better plan
     while True:
         plan = _assign_and_pack(
             sizes, costs, cap=config.token_cap, dp=config.dp_size, num_microbatches=num_microbatches
@@ -103,9 +106,10 @@ def _plan_dynamic(sizes: list[int], costs: list[float], *, config: ScheduleConfi
             if plan is not None:
                 refine_by_moves(plan, sizes=sizes, costs=costs, cap=config.token_cap, max_moves=4 * config.dp_size)
         peak = _peak_cost(plan, costs)
+        stale = stale + 1 if best is not None else 0
         if peak < best_peak * (1 - BALANCE_TOLERANCE):
-            best, best_peak = plan, peak
-        if best_peak <= ideal * (1 + BALANCE_TOLERANCE):
+            best, best_peak, stale = plan, peak, 0
+        if best_peak <= ideal * (1 + BALANCE_TOLERANCE) or stale >= MAX_STALE_COUNTS:
             return best
         limit = config.layout.align(math.ceil(upper * (1 + config.balance_growth)))
         if best is not None and num_microbatches >= limit:

@@ -31,7 +31,8 @@ Steps (per optimizer step; 1 here, 2-6 in :mod:`megatron_dpsched.core.planning`)
    of one global packing (the better of best-fit decreasing and first fit in
    arrival order, so never more than a global first fit), or with
    ``balance_growth`` up to ``U * (1 + balance_growth)``. A larger ``M`` is
-   kept only if it cuts the busiest rank's cost by more than 2%. If no count
+   kept only if it cuts the busiest rank's cost by more than 2%; the search
+   stops after two larger counts in a row bring nothing. If no count
    up to ``U`` fits, the global micro-batches are split to ``U * dp_size`` and
    dealt to ranks by LPT, which always works. A plan that is not yet balanced
    is first refined: single samples move off the busiest rank into a lighter
@@ -164,7 +165,7 @@ class DPSchedule:
             config=ScheduleConfig(**data["config"]),
             lengths=tuple(data["lengths"]),
             costs=tuple(float(c) for c in data["costs"]),
-            groups=None if groups is None else tuple(groups),
+            groups=None if groups is None else tuple(_hashable(g) for g in groups),
             partitions=tuple(tuple(p) for p in data["partitions"]),
             micro_batch_indices=tuple(
                 tuple(tuple(mb) for mb in rank) for rank in data["micro_batch_indices"]
@@ -173,6 +174,11 @@ class DPSchedule:
             step_num_samples=tuple(data["step_num_samples"]),
             dropped=tuple(data["dropped"]),
         )
+
+
+def _hashable(group_id: Any) -> Hashable:
+    """JSON turns tuple group ids into lists; turn them back."""
+    return tuple(_hashable(g) for g in group_id) if isinstance(group_id, list) else group_id
 
 
 def build_dp_schedule(

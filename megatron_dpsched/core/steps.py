@@ -35,8 +35,8 @@ def split_steps(
 def _units(num_samples: int, groups: Sequence[Hashable] | None) -> list[list[int]]:
     if groups is None:
         return [[i] for i in range(num_samples)]
-    if isinstance(groups, (str, bytes)) or len(groups) != num_samples:
-        size = len(groups) if hasattr(groups, "__len__") else "?"
+    if isinstance(groups, (str, bytes)) or not hasattr(groups, "__len__") or len(groups) != num_samples:
+        size = len(groups) if hasattr(groups, "__len__") else "no length"
         raise ValueError(f"groups must hold one id per sample: got {size} ids for {num_samples} lengths")
     members: dict[Hashable, list[int]] = {}
     for index, group in enumerate(groups):

@@ -47,6 +47,8 @@ def test_bad_lengths(lengths, match):
         ({"groups": [1, 2, 3]}, "groups must hold one id per sample"),
         ({"groups": [[1], [2], [3], [4]]}, r"groups\[0\]"),
         ({"balance": "fair"}, "balance must be one of"),
+        ({"balance_growth": "0.5"}, "balance_growth must be a number"),
+        ({"groups": iter([1, 2, 3, 4])}, "groups must hold one id per sample"),
         ({"microbatch_order": "random"}, "microbatch_order must be one of"),
         ({"cost_model": 3}, "cost_model must be a CostModel"),
         ({"cost_model": lambda n: -1.0}, "cost_model gave sample 0"),

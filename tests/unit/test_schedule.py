@@ -294,3 +294,40 @@ def test_one_step_per_rollout_trains_a_multiple_of_dp_and_reports_the_rest(count
     assert schedule.num_steps == 1
     assert schedule.step_num_samples[0] % dp == 0
     assert list(schedule.dropped) == list(range(gbs, count))
+
+
+def test_numpy_arguments_and_tuple_group_ids_survive_json():
+    np = pytest.importorskip("numpy")
+    schedule = plan([np.int64(5)] * 8, dp_size=np.int64(2), global_batch_size=np.int64(8),
+                    max_tokens_per_gpu=np.int64(10))
+    json.dumps(schedule.to_dict())
+    groups = [(i // 2, "r") for i in range(8)]
+    grouped = plan([5] * 8, dp_size=2, global_batch_size=2, max_tokens_per_gpu=10, groups=groups)
+    copy = DPSchedule.from_dict(json.loads(json.dumps(grouped.to_dict())))
+    copy.check()
+    assert copy == grouped
+
+
+def test_round_robin_plans_never_use_more_than_a_global_first_fit():
+    lengths = [9, 3, 9, 10, 2, 9, 9, 5, 3, 4, 3]  # best-fit decreasing needs 8 here, first fit 7
+    schedule = plan(lengths, dp_size=1, global_batch_size=11, max_tokens_per_gpu=10, balance="none")
+    assert schedule.num_microbatches == (7,)
+
+
+def test_unbalanceable_steps_stop_growing_the_count_quickly():
+    lengths = [100] * 9  # 9 equal samples on 8 ranks: no count balances them
+    schedule = plan(lengths, dp_size=8, global_batch_size=9, max_tokens_per_gpu=100, balance_growth=10.0)
+    assert schedule.num_microbatches[0] <= 3
+
+
+def test_cli_check_reports_a_broken_plan_cleanly(tmp_path, capsys):
+    from megatron_dpsched.cli import main
+
+    schedule = build_dp_schedule([300] * 12, dp_size=2, global_batch_size=12, max_tokens_per_gpu=600)
+    data = schedule.to_dict()
+    data["step_num_samples"] = [11]
+    (tmp_path / "plan.json").write_text(json.dumps(data))
+    assert main(["check", str(tmp_path / "plan.json")]) == 2
+    assert "invariant 5" in capsys.readouterr().err
+    (tmp_path / "bad.json").write_text("{}")
+    assert main(["check", str(tmp_path / "bad.json")]) == 2
