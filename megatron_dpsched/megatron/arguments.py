@@ -83,8 +83,9 @@ def add_dp_schedule_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     group.add_argument("--dp-schedule-microbatch-order", choices=ORDER_CHOICES, default="auto",
                        help="Micro-batch order within a step; auto = pipeline when PP > 1.")
     group.add_argument("--dp-schedule-collate-format", choices=COLLATE_CHOICES, default="bshd",
-                       help="Micro-batch layout: padded rows with a mask (bshd, any attention backend) or "
-                            "packed sequences with cu_seqlens (thd, e.g. Transformer Engine).")
+                       help="Micro-batch layout: padded rows with a mask (bshd, any attention backend; rows "
+                            "are padded to the micro-batch's longest sample, so the padded size can exceed "
+                            "the token cap) or packed sequences with cu_seqlens (thd, e.g. Transformer Engine).")
     group.add_argument("--dp-schedule-balance-growth", type=float, default=0.0,
                        help="Share of extra micro-batches per step the planner may spend to balance "
                             "ranks when the token cap keeps them apart (heavy tails at high fill); "
