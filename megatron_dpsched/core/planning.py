@@ -98,14 +98,15 @@ def _plan_dynamic(sizes: list[int], costs: list[float], *, config: ScheduleConfi
         plan = _assign_and_pack(
             sizes, costs, cap=config.token_cap, dp=config.dp_size, num_microbatches=num_microbatches
         )
-        if plan is None or _peak_cost(plan, costs) > ideal * (1 + BALANCE_TOLERANCE):
+        peak = _peak_cost(plan, costs)
+        if peak > ideal * (1 + BALANCE_TOLERANCE):
             global_bins = global_bins or _global_packing(sizes, config.token_cap)
             upper = config.layout.align(math.ceil(len(global_bins) / config.dp_size))
             if plan is None and best is None and num_microbatches >= upper:
                 plan = _plan_by_bins(global_bins, sizes, costs, config=config)
             if plan is not None:
                 refine_by_moves(plan, sizes=sizes, costs=costs, cap=config.token_cap, max_moves=4 * config.dp_size)
-        peak = _peak_cost(plan, costs)
+                peak = _peak_cost(plan, costs)
         stale = stale + 1 if best is not None else 0
         if peak < best_peak * (1 - BALANCE_TOLERANCE):
             best, best_peak, stale = plan, peak, 0
