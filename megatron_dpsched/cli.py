@@ -27,6 +27,18 @@ def read_lengths(path: str) -> list[int]:
     return lengths
 
 
+def load_plan(path: str) -> DPSchedule:
+    """A plan written by ``megatron-dpsched plan -o`` (or ``json.dump(schedule.to_dict())``)."""
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read()
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not JSON ({error.msg} at line {error.lineno} column {error.colno}); "
+                         "a plan is the JSON file that 'megatron-dpsched plan -o' writes") from None
+    return DPSchedule.from_dict(data)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="megatron-dpsched", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -82,14 +94,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 with open(args.output, "w", encoding="utf-8") as handle:
                     json.dump(schedule.to_dict(), handle)
         else:
-            with open(args.plan, encoding="utf-8") as handle:
-                schedule = DPSchedule.from_dict(json.load(handle))
+            schedule = load_plan(args.plan)
         schedule.check()
-    except KeyError as error:
-        print(f"megatron-dpsched: error: not a plan: missing key {error}", file=sys.stderr)
-        return 2
-    except (ValueError, OSError, TypeError, ScheduleInvariantError) as error:
-        print(f"megatron-dpsched: error: {error}", file=sys.stderr)
+    except (ValueError, OSError, ScheduleInvariantError) as error:
+        message = " ".join(str(error).split())  # one line, whatever the error says
+        print(f"megatron-dpsched: error: {message}", file=sys.stderr)
         return 2
     print_stats(schedule)
     return 0

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 
 from megatron_dpsched.core.validation import require_int
 
+MAX_PIPELINE = 2**16
+"""Upper bound on pipeline stages, virtual stages and the interleaved group size (a guard on absurd sizes)."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class PipelineLayout:
@@ -36,18 +39,21 @@ class PipelineLayout:
         return self.vpp_size > 1
 
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the argument if Megatron could never run this layout."""
-        require_int("pp_size", self.pp_size)
-        require_int("vpp_size", self.vpp_size)
+        """Raise ``ValueError`` naming the argument if Megatron could never run this layout.
+
+        Without virtual stages the group size is ignored, as Megatron ignores it.
+        """
+        require_int("pp_size", self.pp_size, maximum=MAX_PIPELINE)
+        require_int("vpp_size", self.vpp_size, maximum=MAX_PIPELINE)
         group = self.microbatch_group_size_per_vp_stage
         if group is not None:
-            require_int("microbatch_group_size_per_vp_stage", group)
+            require_int("microbatch_group_size_per_vp_stage", group, maximum=MAX_PIPELINE)
         if self.vpp_size > 1 and self.pp_size < 2:
             raise ValueError(
                 f"vpp_size={self.vpp_size} needs pp_size >= 2: Megatron's interleaved schedule "
                 f"runs only with pipeline parallelism (got pp_size={self.pp_size})"
             )
-        if group is not None and group < self.pp_size:
+        if self.interleaved and group is not None and group < self.pp_size:
             raise ValueError(
                 f"microbatch_group_size_per_vp_stage={group} is below pp_size={self.pp_size}; "
                 "Megatron's interleaved schedule needs pp_size <= microbatch_group_size_per_vp_stage"

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from megatron_dpsched.core.alignment import PipelineLayout
 from megatron_dpsched.core.ordering import resolve_order
-from megatron_dpsched.core.validation import require_int
+from megatron_dpsched.core.validation import MAX_TOKENS, require_bool, require_int
 
 BALANCE_MODES = ("cost", "tokens", "none")
 
@@ -58,7 +58,7 @@ class ScheduleConfig:
         if isinstance(growth, bool) or not isinstance(growth, (int, float)) or not 0.0 <= growth <= 10.0:
             raise ValueError(f"balance_growth must be a number between 0 and 10, got {growth!r}")
         object.__setattr__(self, "balance_growth", float(growth))
-        object.__setattr__(self, "drop_last", bool(self.drop_last))
+        object.__setattr__(self, "drop_last", require_bool("drop_last", self.drop_last))
         if self.balance not in BALANCE_MODES:
             raise ValueError(f"balance must be one of {', '.join(BALANCE_MODES)}; got {self.balance!r}")
         object.__setattr__(self, "microbatch_order", resolve_order(self.microbatch_order, self.pp_size))
@@ -71,7 +71,7 @@ class ScheduleConfig:
                 f"(static batching); got max_tokens_per_gpu={cap!r}, micro_batch_size={mbs!r}"
             )
         if cap is not None:
-            require_int("max_tokens_per_gpu", cap)
+            require_int("max_tokens_per_gpu", cap, maximum=MAX_TOKENS)
         if mbs is not None:
             require_int("micro_batch_size", mbs)
 

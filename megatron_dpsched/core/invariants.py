@@ -7,7 +7,10 @@ the rank, step and micro-batch at fault.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
+
+from megatron_dpsched.core.validation import MAX_TOKENS, is_int, is_real
 
 if TYPE_CHECKING:
     from megatron_dpsched.core.schedule import DPSchedule
@@ -18,7 +21,8 @@ class ScheduleInvariantError(AssertionError):
 
 
 def check_invariants(schedule: DPSchedule) -> None:
-    """Check invariants 1-5 of the schedule spec; raise on the first failure."""
+    """Check invariants 1-6 of the schedule spec; raise on the first failure."""
+    _check_inputs(schedule)
     _check_shape(schedule)
     _check_lockstep(schedule)
     _check_coverage(schedule)
@@ -29,6 +33,22 @@ def check_invariants(schedule: DPSchedule) -> None:
 
 def _fail(number: int, message: str) -> None:
     raise ScheduleInvariantError(f"invariant {number}: {message}")
+
+
+def _check_inputs(schedule: DPSchedule) -> None:
+    for index, length in enumerate(schedule.lengths):
+        if not is_int(length) or not 1 <= length <= MAX_TOKENS:
+            _fail(6, f"lengths[{index}] = {length!r} is not a positive integer token count")
+    for index, cost in enumerate(schedule.costs):
+        if not is_real(cost) or not math.isfinite(cost) or cost < 0:
+            _fail(6, f"costs[{index}] = {cost!r} is not a finite, non-negative number")
+    if schedule.groups is not None and len(schedule.groups) != len(schedule.lengths):
+        _fail(6, f"{len(schedule.groups)} group ids for {len(schedule.lengths)} samples")
+    if schedule.num_steps == 0:
+        _fail(6, "the plan has no steps")
+    for step, count in enumerate(schedule.step_num_samples):
+        if count < 1:
+            _fail(6, f"step {step} trains {count} samples; every step must train at least one")
 
 
 def _check_shape(schedule: DPSchedule) -> None:

@@ -55,6 +55,13 @@ Invariants (checked by :meth:`DPSchedule.check`, for every accepted input):
    every step but a trailing one holds exactly ``global_batch_size`` samples
    (groups); ``step_num_samples[s]`` counts the samples of step ``s``; only a
    trailing partial step can be dropped, and only with ``drop_last``.
+6. The plan is well formed: every length is an integer in ``1..2**31-1``,
+   every cost a finite non-negative number, there is at least one step, and
+   every step trains at least one sample.
+
+Every rank of a job that calls the planner with the same inputs gets the same
+plan; :meth:`DPSchedule.step_fingerprint` gives a 63-bit hash of one step that
+the Megatron layer compares across ranks before the step runs.
 """
 
 from __future__ import annotations
@@ -157,28 +164,22 @@ class DPSchedule:
             "dropped": list(self.dropped),
         }
 
+    def step_fingerprint(self, step: int, *, first_sample: int = 0) -> int:
+        """A 63-bit hash of step ``step`` that every rank of a job must share (see :mod:`.fingerprint`)."""
+        from megatron_dpsched.core.fingerprint import step_fingerprint
+
+        return step_fingerprint(self, step, first_sample=first_sample)
+
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> DPSchedule:
-        """Rebuild a schedule from :meth:`to_dict` output (e.g. after a JSON round trip)."""
-        groups = data["groups"]
-        return cls(
-            config=ScheduleConfig(**data["config"]),
-            lengths=tuple(data["lengths"]),
-            costs=tuple(float(c) for c in data["costs"]),
-            groups=None if groups is None else tuple(_hashable(g) for g in groups),
-            partitions=tuple(tuple(p) for p in data["partitions"]),
-            micro_batch_indices=tuple(
-                tuple(tuple(mb) for mb in rank) for rank in data["micro_batch_indices"]
-            ),
-            num_microbatches=tuple(data["num_microbatches"]),
-            step_num_samples=tuple(data["step_num_samples"]),
-            dropped=tuple(data["dropped"]),
-        )
+    def from_dict(cls, data: Any) -> DPSchedule:
+        """Rebuild a schedule from :meth:`to_dict` output (e.g. after a JSON round trip).
 
+        Raises ``ValueError`` naming the key when ``data`` is not shaped like a plan; run
+        :meth:`check` on the result to verify its invariants.
+        """
+        from megatron_dpsched.core.serialization import schedule_fields
 
-def _hashable(group_id: Any) -> Hashable:
-    """JSON turns tuple group ids into lists; turn them back."""
-    return tuple(_hashable(g) for g in group_id) if isinstance(group_id, list) else group_id
+        return cls(**schedule_fields(data))
 
 
 def build_dp_schedule(
@@ -210,7 +211,7 @@ def build_dp_schedule(
         vpp_size=vpp_size,
         microbatch_group_size_per_vp_stage=microbatch_group_size_per_vp_stage,
         balance=balance,
-        drop_last=bool(drop_last),
+        drop_last=drop_last,
         microbatch_order=microbatch_order,
         balance_growth=balance_growth,
     )
@@ -235,9 +236,20 @@ def plan_schedule(
             f"lengths holds {len(sizes)} samples, fewer than one global_batch_size="
             f"{config.global_batch_size} step, and drop_last=True would drop them all"
         )
+    _check_plan_size(config, steps)
     costs = sample_costs(sizes, None if config.balance == "tokens" else cost_model)
     plans = [plan_step(step, sizes=sizes, costs=costs, config=config) for step in steps]
     return assemble_schedule(plans, sizes=sizes, costs=costs, groups=groups, config=config, dropped=dropped)
+
+
+def _check_plan_size(config: ScheduleConfig, steps: list[list[int]]) -> None:
+    """Fail fast on absurd sizes instead of allocating empty micro-batches for idle ranks."""
+    largest = max(len(step) for step in steps)
+    if config.dp_size > largest:
+        raise ValueError(
+            f"dp_size={config.dp_size} is larger than the {largest} samples of the largest step; "
+            f"every data-parallel rank needs at least one sample (plan for fewer ranks or a larger step)"
+        )
 
 
 def _check_static_layout(config: ScheduleConfig, groups: Sequence[Hashable] | None) -> None:

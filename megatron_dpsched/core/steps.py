@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
-from megatron_dpsched.core.validation import require_int
+from megatron_dpsched.core.validation import require_int, require_sequence
 
 
 def split_steps(
@@ -35,9 +35,9 @@ def split_steps(
 def _units(num_samples: int, groups: Sequence[Hashable] | None) -> list[list[int]]:
     if groups is None:
         return [[i] for i in range(num_samples)]
-    if isinstance(groups, (str, bytes)) or not hasattr(groups, "__len__") or len(groups) != num_samples:
-        size = len(groups) if hasattr(groups, "__len__") else "no length"
-        raise ValueError(f"groups must hold one id per sample: got {size} ids for {num_samples} lengths")
+    require_sequence("groups", groups)
+    if len(groups) != num_samples:
+        raise ValueError(f"groups must hold one id per sample: got {len(groups)} ids for {num_samples} lengths")
     members: dict[Hashable, list[int]] = {}
     for index, group in enumerate(groups):
         try:

@@ -4,45 +4,74 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence, Set
+
+MAX_TOKENS = 2**31 - 1
+"""Largest token count of a sample or a cap: Megatron's ``cu_seqlens`` are 32-bit integers."""
 
 
 def is_int(value: object) -> bool:
     """True for Python and NumPy integers, False for bools and everything else."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    return type(value) is int or (isinstance(value, numbers.Integral) and not isinstance(value, bool))
 
 
-def require_int(name: str, value: object, *, minimum: int = 1) -> int:
+def is_real(value: object) -> bool:
+    """True for Python and NumPy real numbers (integers included), False for bools and everything else."""
+    return type(value) is float or (isinstance(value, numbers.Real) and not isinstance(value, bool))
+
+
+def require_int(name: str, value: object, *, minimum: int = 1, maximum: int | None = None) -> int:
     """Return ``value`` as ``int`` or raise ``ValueError`` naming ``name``."""
     if not is_int(value) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be at most {maximum}, got {value!r}")
     return int(value)
 
 
-def require_lengths(lengths: Sequence[int]) -> tuple[int, ...]:
-    """Validate per-sample token counts: a non-empty sequence of integers >= 1."""
-    if isinstance(lengths, (str, bytes)) or not hasattr(lengths, "__len__"):
-        raise ValueError(f"lengths must be a sequence of token counts, got {type(lengths).__name__}")
+def require_bool(name: str, value: object) -> bool:
+    """Return ``value`` as ``bool`` (Python or NumPy booleans only) or raise ``ValueError`` naming ``name``."""
+    kind = type(value)
+    if isinstance(value, bool) or (kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_")):
+        return bool(value)
+    raise ValueError(f"{name} must be True or False, got {value!r}")
+
+
+def require_sequence(name: str, values: object) -> Sequence:
+    """An ordered, indexable collection (list, tuple, array): not a string, mapping, set or iterator."""
+    if isinstance(values, (str, bytes, Mapping, Set)) or not hasattr(values, "__len__") \
+            or not hasattr(values, "__getitem__"):
+        kind = type(values).__name__
+        raise ValueError(f"{name} must be a sequence (list, tuple or array) in sample order, got {kind}")
+    return values
+
+
+def require_lengths(lengths: Sequence[int], *, name: str = "lengths") -> tuple[int, ...]:
+    """Validate per-sample token counts: a non-empty sequence of integers in ``1..MAX_TOKENS``."""
+    require_sequence(name, lengths)
     if len(lengths) == 0:
-        raise ValueError("lengths is empty: there is nothing to schedule")
+        raise ValueError(f"{name} is empty: there is nothing to schedule")
     out = []
     for index, value in enumerate(lengths):
-        if not is_int(value) or value < 1:
+        if not is_int(value) or not 1 <= value <= MAX_TOKENS:
             raise ValueError(
-                f"lengths[{index}] must be a positive integer token count, got {value!r}"
+                f"{name}[{index}] must be a positive integer token count (at most {MAX_TOKENS}), got {value!r}"
             )
         out.append(int(value))
     return tuple(out)
 
 
 def require_costs(costs: Sequence[float], count: int) -> tuple[float, ...]:
-    """Validate per-sample costs returned by a cost model: finite and > 0."""
+    """Validate per-sample costs returned by a cost model: real numbers, finite, > 0, with a finite sum."""
     if len(costs) != count:
         raise ValueError(f"cost_model returned {len(costs)} costs for {count} samples")
     out = []
     for index, value in enumerate(costs):
-        cost = float(value)
-        if not math.isfinite(cost) or cost <= 0:
-            raise ValueError(f"cost_model gave sample {index} the cost {value!r}; costs must be finite and > 0")
-        out.append(cost)
+        if not is_real(value) or not math.isfinite(value) or value <= 0:
+            raise ValueError(
+                f"cost_model gave sample {index} the cost {value!r}; costs must be finite real numbers > 0"
+            )
+        out.append(float(value))
+    if not math.isfinite(sum(out)):
+        raise ValueError("cost_model's costs add up to infinity; scale the cost model down (e.g. seconds, not FLOPs)")
     return tuple(out)

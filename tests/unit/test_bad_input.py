@@ -17,6 +17,11 @@ GOOD = {"dp_size": 2, "global_batch_size": 4, "max_tokens_per_gpu": 100}
         ([10, 2.5, 5, 5], r"lengths\[1\]"),
         ([10, True, 5, 5], r"lengths\[1\]"),
         ([10, "7", 5, 5], r"lengths\[1\]"),
+        ([10, 10**400, 5, 5], r"lengths\[1\] must be a positive integer token count \(at most 2147483647\)"),
+        ([10, 2**31, 5, 5], r"lengths\[1\]"),
+        ({0: 10, 1: 20, 2: 30, 3: 40}, "lengths must be a sequence .* got dict"),
+        ({10, 20, 30, 40}, "lengths must be a sequence .* got set"),
+        (iter([10, 20, 30, 40]), "lengths must be a sequence"),
         ([], "lengths is empty"),
         ("1234", "lengths must be a sequence"),
         (None, "lengths must be a sequence"),
@@ -48,7 +53,22 @@ def test_bad_lengths(lengths, match):
         ({"groups": [[1], [2], [3], [4]]}, r"groups\[0\]"),
         ({"balance": "fair"}, "balance must be one of"),
         ({"balance_growth": "0.5"}, "balance_growth must be a number"),
-        ({"groups": iter([1, 2, 3, 4])}, "groups must hold one id per sample"),
+        ({"groups": iter([1, 2, 3, 4])}, "groups must be a sequence"),
+        ({"groups": "abcd"}, "groups must be a sequence"),
+        ({"groups": {1, 2, 3, 4}}, "groups must be a sequence"),
+        ({"drop_last": "no"}, "drop_last must be True or False"),
+        ({"drop_last": 1}, "drop_last must be True or False"),
+        ({"dp_size": 10**7}, "dp_size=10000000 is larger than the 4 samples of the largest step"),
+        ({"dp_size": 5}, "dp_size=5 is larger than the 4 samples"),
+        ({"pp_size": 10**7}, "pp_size must be at most 65536"),
+        ({"pp_size": 2, "vpp_size": 2, "microbatch_group_size_per_vp_stage": 10**9},
+         "microbatch_group_size_per_vp_stage must be at most 65536"),
+        ({"max_tokens_per_gpu": 10**400}, "max_tokens_per_gpu must be at most"),
+        ({"cost_model": lambda n: None}, "cost_model gave sample 0 the cost None"),
+        ({"cost_model": lambda n: 1 + 2j}, "cost_model gave sample 0"),
+        ({"cost_model": lambda n: "1.5"}, "cost_model gave sample 0 the cost '1.5'"),
+        ({"cost_model": lambda n: True}, "cost_model gave sample 0 the cost True"),
+        ({"cost_model": lambda n: 1e308}, "add up to infinity"),
         ({"microbatch_order": "random"}, "microbatch_order must be one of"),
         ({"cost_model": 3}, "cost_model must be a CostModel"),
         ({"cost_model": lambda n: -1.0}, "cost_model gave sample 0"),
@@ -76,3 +96,18 @@ def test_bad_cost_model_dimensions():
         CostModel(hidden_size=0, num_layers=2, num_attention_heads=2)
     with pytest.raises(ValueError, match="num_query_groups"):
         CostModel(hidden_size=8, num_layers=2, num_attention_heads=2, num_query_groups=0)
+
+
+def test_a_vpp_group_without_vpp_is_ignored_as_megatron_ignores_it():
+    schedule = build_dp_schedule([10, 20, 30, 40], dp_size=2, global_batch_size=4, max_tokens_per_gpu=100,
+                                 pp_size=2, microbatch_group_size_per_vp_stage=1)
+    schedule.check()
+    assert schedule.num_microbatches == (1,)
+
+
+def test_numpy_lengths_and_booleans_are_accepted():
+    np = pytest.importorskip("numpy")
+    schedule = build_dp_schedule(np.array([10, 20, 30, 40]), dp_size=2, global_batch_size=4,
+                                 max_tokens_per_gpu=100, drop_last=np.bool_(False))
+    schedule.check()
+    assert schedule.lengths == (10, 20, 30, 40) and schedule.config.drop_last is False

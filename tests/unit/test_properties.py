@@ -6,11 +6,12 @@ import json
 import math
 import os
 
+import pytest
 from assertions import assert_invariants
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from megatron_dpsched import CostModel, DPSchedule, build_dp_schedule
+from megatron_dpsched import CostModel, DPSchedule, ScheduleConfig, build_dp_schedule
 from megatron_dpsched.baselines import build_baseline_schedule
 from megatron_dpsched.core.packing import best_fit_decreasing
 
@@ -46,6 +47,15 @@ def layouts(draw):
     return {"pp_size": pp, "vpp_size": vpp, "microbatch_group_size_per_vp_stage": group}
 
 
+def largest_step(count, global_batch_size, groups):
+    """Samples in the largest step: ``global_batch_size`` samples, or groups by first appearance."""
+    if groups is None:
+        return min(count, global_batch_size)
+    order = list(dict.fromkeys(groups))
+    sizes = {g: groups.count(g) for g in order}
+    return max(sum(sizes[g] for g in order[i : i + global_batch_size]) for i in range(0, len(order), global_batch_size))
+
+
 def maybe_groups(draw, count):
     if not draw(st.booleans()):
         return None
@@ -66,6 +76,10 @@ def test_dynamic_plans_keep_every_invariant(data, sample, layout):
         cost_model=data.draw(st.sampled_from([None, CostModel(hidden_size=64, num_layers=2, num_attention_heads=4)])),
         **layout,
     )
+    if kwargs["dp_size"] > largest_step(len(lengths), kwargs["global_batch_size"], groups):
+        with pytest.raises(ValueError, match="is larger than the .* samples of the largest step"):
+            build_dp_schedule(lengths, groups=groups, **kwargs)
+        return
     schedule = build_dp_schedule(lengths, groups=groups, **kwargs)
     assert_invariants(schedule, lengths, groups=groups)
     if groups is None and kwargs["balance"] != "none":
@@ -90,7 +104,7 @@ def test_static_plans_keep_every_invariant(data, layout):
     dp = data.draw(st.integers(1, 6))
     mbs = data.draw(st.integers(1, 4))
     per_step = dp * mbs * data.draw(st.integers(1, 4))
-    lengths = data.draw(st.lists(st.integers(1, 5000), min_size=1, max_size=3 * per_step))
+    lengths = data.draw(st.lists(st.integers(1, 5000), min_size=dp, max_size=3 * per_step))
     schedule = build_dp_schedule(
         lengths,
         dp_size=dp,
@@ -109,6 +123,7 @@ def test_static_plans_keep_every_invariant(data, layout):
 @given(sample=lengths_and_cap(), layout=layouts(), dp=st.integers(1, 5))
 def test_json_round_trip(sample, layout, dp):
     lengths, cap = sample
+    dp = min(dp, len(lengths))
     schedule = build_dp_schedule(lengths, dp_size=dp, global_batch_size=16, max_tokens_per_gpu=cap, **layout)
     assert DPSchedule.from_dict(json.loads(json.dumps(schedule.to_dict()))) == schedule
 
@@ -119,5 +134,5 @@ def test_baselines_keep_the_invariants_they_promise(data, sample, layout):
     lengths, cap = sample
     dp = data.draw(st.integers(1, 6))
     for name in ("megatron_fixed", "per_rank_first_fit", "global_first_fit"):
-        config = build_dp_schedule([1], dp_size=dp, global_batch_size=8, max_tokens_per_gpu=cap, **layout).config
+        config = ScheduleConfig(dp_size=dp, global_batch_size=8, max_tokens_per_gpu=cap, **layout)
         assert_invariants(build_baseline_schedule(name, lengths, config=config), lengths)
