@@ -15,9 +15,11 @@ shape; Megatron's ``validate_args`` always resets it to ``False``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from megatron_dpsched.core.config import ScheduleConfig
 from megatron_dpsched.core.cost import CostModel
 
 BALANCE_CHOICES = ("cost", "tokens", "none")
@@ -26,6 +28,23 @@ ORDER_CHOICES = ("auto", "pipeline", "none")
 COLLATE_CHOICES = ("bshd", "thd")
 
 _GROUP_FLAG = "--microbatch-group-size-per-virtual-pipeline-stage"
+
+
+OPTION_DEFAULTS: dict[str, Any] = {
+    "dp_schedule_max_tokens_per_gpu": None,
+    "dp_schedule_balance": "cost",
+    "dp_schedule_verify": "off",
+    "dp_schedule_microbatch_order": "auto",
+    "dp_schedule_collate_format": "bshd",
+    "dp_schedule_balance_growth": 0.0,
+}
+"""What each ``--dp-schedule-*`` option means when it is not given (the parser's defaults are ``None``, so
+a given option can be told from an unset one)."""
+
+
+def flag_of(attribute: str) -> str:
+    """``dp_schedule_balance`` -> ``--dp-schedule-balance``."""
+    return "--" + attribute.replace("_", "-")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,7 +59,7 @@ class DPScheduleOptions:
     """``--dp-schedule-balance``: what the planner balances across DP ranks."""
     verify: str
     """``--dp-schedule-verify``: ``off``, ``check`` (run ``schedule.check()`` on every step's plan;
-    a precomputed plan is checked once, when its feed is built) or ``strict`` (also check that each
+    a shipped plan is always checked once, when its feed is built) or ``strict`` (also check that each
     model chunk consumed exactly the planned micro-batches)."""
     microbatch_order: str | None
     """``--dp-schedule-microbatch-order``; ``None`` for ``auto``."""
@@ -53,16 +72,21 @@ class DPScheduleOptions:
 
     @classmethod
     def from_args(cls, args: Any) -> DPScheduleOptions:
-        """Read the flags (missing ones take their defaults)."""
-        order = getattr(args, "dp_schedule_microbatch_order", "auto")
+        """Read the flags (unset ones take :data:`OPTION_DEFAULTS`)."""
+
+        def value(attribute: str) -> Any:
+            given = getattr(args, attribute, None)
+            return OPTION_DEFAULTS[attribute] if given is None else given
+
+        order = value("dp_schedule_microbatch_order")
         return cls(
             enabled=bool(getattr(args, "dp_schedule", False)),
-            max_tokens_per_gpu=getattr(args, "dp_schedule_max_tokens_per_gpu", None),
-            balance=getattr(args, "dp_schedule_balance", "cost"),
-            verify=getattr(args, "dp_schedule_verify", "off"),
+            max_tokens_per_gpu=value("dp_schedule_max_tokens_per_gpu"),
+            balance=value("dp_schedule_balance"),
+            verify=value("dp_schedule_verify"),
             microbatch_order=None if order == "auto" else order,
-            balance_growth=getattr(args, "dp_schedule_balance_growth", 0.0),
-            collate_format=getattr(args, "dp_schedule_collate_format", "bshd"),
+            balance_growth=value("dp_schedule_balance_growth"),
+            collate_format=value("dp_schedule_collate_format"),
         )
 
 
@@ -71,40 +95,48 @@ def add_dp_schedule_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     group = parser.add_argument_group(title="dp-schedule (global micro-batch scheduling)")
     group.add_argument("--dp-schedule", action="store_true",
                        help="Plan each step's micro-batches globally across data-parallel ranks "
-                            "(variable micro-batch count per step, per-token loss).")
+                            "(variable micro-batch count per step, per-token loss). The other "
+                            "--dp-schedule-* flags need it.")
     group.add_argument("--dp-schedule-max-tokens-per-gpu", type=int, default=None,
                        help="Dynamic batching: at most this many tokens per micro-batch per GPU. "
                             "Unset: static batching with --micro-batch-size.")
-    group.add_argument("--dp-schedule-balance", choices=BALANCE_CHOICES, default="cost",
-                       help="Balance the cost model (default), raw token counts, or nothing.")
-    group.add_argument("--dp-schedule-verify", choices=VERIFY_CHOICES, default="off",
+    group.add_argument("--dp-schedule-balance", choices=BALANCE_CHOICES, default=None,
+                       help="Balance the cost model (default: cost), raw token counts, or nothing.")
+    group.add_argument("--dp-schedule-verify", choices=VERIFY_CHOICES, default=None,
                        help="check: run schedule.check() every step; strict: also verify every "
-                            "model chunk consumed exactly the planned micro-batches.")
-    group.add_argument("--dp-schedule-microbatch-order", choices=ORDER_CHOICES, default="auto",
-                       help="Micro-batch order within a step; auto = pipeline when PP > 1.")
-    group.add_argument("--dp-schedule-collate-format", choices=COLLATE_CHOICES, default="bshd",
-                       help="Micro-batch layout: padded rows with a mask (bshd, any attention backend; rows "
-                            "are padded to the micro-batch's longest sample, so the padded size can exceed "
-                            "the token cap) or packed sequences with cu_seqlens (thd, e.g. Transformer Engine).")
-    group.add_argument("--dp-schedule-balance-growth", type=float, default=0.0,
-                       help="Share of extra micro-batches per step the planner may spend to balance "
-                            "ranks when the token cap keeps them apart (heavy tails at high fill); "
-                            "0 never exceeds the count of one global packing.")
+                            "model chunk consumed exactly the planned micro-batches (default: off). "
+                            "Sample lengths and the plan's agreement across ranks are always checked.")
+    group.add_argument("--dp-schedule-microbatch-order", choices=ORDER_CHOICES, default=None,
+                       help="Micro-batch order within a step (default: auto = pipeline when PP > 1).")
+    group.add_argument("--dp-schedule-collate-format", choices=COLLATE_CHOICES, default=None,
+                       help="Micro-batch layout (default: bshd): padded rows with a mask (bshd, any attention "
+                            "backend; rows are padded to the micro-batch's longest sample, so the padded size "
+                            "can exceed the token cap) or packed sequences with cu_seqlens (thd, e.g. "
+                            "Transformer Engine).")
+    group.add_argument("--dp-schedule-balance-growth", type=float, default=None,
+                       help="With --dp-schedule-max-tokens-per-gpu: share (0 to 10) of extra micro-batches per "
+                            "step the planner may spend to balance ranks when the token cap keeps them apart "
+                            "(heavy tails at high fill); default 0, never more than one global packing needs.")
     return parser
 
 
 def validate_dp_schedule_args(args: Any) -> None:
     """Check the flags against the parallel layout and adjust ``args`` for the schedule.
 
-    A no-op unless ``--dp-schedule`` is set. Raises ``ValueError`` naming the flag.
+    Without ``--dp-schedule`` it only refuses ``--dp-schedule-*`` options given without it.
+    Every planner option that the flags determine is validated here, by building the
+    :class:`~megatron_dpsched.core.config.ScheduleConfig` the feeds will plan with, so a bad
+    value fails before any model is built. Raises ``ValueError`` naming the flag.
     """
     options = DPScheduleOptions.from_args(args)
     if not options.enabled:
+        _refuse_options_without_dp_schedule(args)
         return
     _check_token_cap(options, args)
     _check_pipeline_layout(args)
     _refuse_conflicts(args)
     _check_collate_format(options, args)
+    schedule_config_from_args(args, data_parallel_size=getattr(args, "data_parallel_size", None) or 1)
     args.calculate_per_token_loss = True
     if args.pipeline_model_parallel_size > 1:
         args.variable_seq_lengths = True
@@ -112,14 +144,25 @@ def validate_dp_schedule_args(args: Any) -> None:
             args.moe_token_dispatcher_type = "alltoall"
 
 
+def _refuse_options_without_dp_schedule(args: Any) -> None:
+    given = [flag_of(attribute) for attribute in OPTION_DEFAULTS if getattr(args, attribute, None) is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)} given without --dp-schedule, which they configure; add "
+                         f"--dp-schedule or drop them")
+
+
 def _check_token_cap(options: DPScheduleOptions, args: Any) -> None:
+    growth = options.balance_growth
+    if not 0.0 <= growth <= 10.0:
+        raise ValueError(f"--dp-schedule-balance-growth must be between 0 and 10; got {growth}")
     cap = options.max_tokens_per_gpu
     if cap is None:
+        if growth:
+            raise ValueError("--dp-schedule-balance-growth needs --dp-schedule-max-tokens-per-gpu: static "
+                             "batching (--micro-batch-size) has a fixed micro-batch count to grow from")
         return
     if cap < 1:
         raise ValueError(f"--dp-schedule-max-tokens-per-gpu must be >= 1; got {cap}")
-    if not 0.0 <= options.balance_growth <= 10.0:
-        raise ValueError(f"--dp-schedule-balance-growth must be between 0 and 10; got {options.balance_growth}")
     if args.micro_batch_size != 1:
         raise ValueError(
             "--dp-schedule-max-tokens-per-gpu plans micro-batches by tokens; --micro-batch-size "
@@ -183,21 +226,50 @@ def _refuse_conflicts(args: Any) -> None:
                          "lengths; use alltoall or flex with --dp-schedule and PP > 1")
 
 
-def schedule_kwargs_from_args(args: Any, *, data_parallel_size: int) -> dict[str, Any]:
-    """``build_dp_schedule`` keyword arguments (all but ``lengths``) for Megatron's ``args``."""
+_PLANNER_FLAGS = {
+    "max_tokens_per_gpu": "--dp-schedule-max-tokens-per-gpu",
+    "micro_batch_size": "--micro-batch-size",
+    "balance_growth": "--dp-schedule-balance-growth",
+    "microbatch_group_size_per_vp_stage": _GROUP_FLAG,
+    "microbatch_order": "--dp-schedule-microbatch-order",
+    "global_batch_size": "--global-batch-size",
+    "balance": "--dp-schedule-balance",
+    "vpp_size": "--num-layers-per-virtual-pipeline-stage (virtual pipeline size)",
+    "pp_size": "--pipeline-model-parallel-size",
+    "cp_size": "--context-parallel-size",
+    "dp_size": "data-parallel size (world size / (TP x PP x CP))",
+}
+"""Planner keyword -> the Megatron flag that sets it (most specific names first)."""
+
+
+def schedule_config_from_args(args: Any, *, data_parallel_size: int) -> ScheduleConfig:
+    """The planner options Megatron's ``args`` give; a ``ValueError`` names the flag behind a bad one."""
     options = DPScheduleOptions.from_args(args)
     static = options.max_tokens_per_gpu is None
-    return {
-        "dp_size": data_parallel_size,
-        "global_batch_size": args.global_batch_size,
-        "max_tokens_per_gpu": options.max_tokens_per_gpu,
-        "micro_batch_size": args.micro_batch_size if static else None,
-        "cp_size": getattr(args, "context_parallel_size", 1),
-        "pp_size": args.pipeline_model_parallel_size,
-        "vpp_size": getattr(args, "virtual_pipeline_model_parallel_size", None) or 1,
-        "microbatch_group_size_per_vp_stage": getattr(args, "microbatch_group_size_per_vp_stage", None),
-        "balance": options.balance,
-        "cost_model": CostModel.from_megatron_args(args) if options.balance == "cost" else None,
-        "microbatch_order": options.microbatch_order,
-        "balance_growth": options.balance_growth,
-    }
+    vpp = getattr(args, "virtual_pipeline_model_parallel_size", None) or 1
+    try:
+        return ScheduleConfig(
+            dp_size=data_parallel_size,
+            global_batch_size=args.global_batch_size,
+            max_tokens_per_gpu=options.max_tokens_per_gpu,
+            micro_batch_size=args.micro_batch_size if static else None,
+            cp_size=getattr(args, "context_parallel_size", 1),
+            pp_size=args.pipeline_model_parallel_size,
+            vpp_size=vpp,
+            microbatch_group_size_per_vp_stage=getattr(args, "microbatch_group_size_per_vp_stage", None)
+            if vpp > 1 else None,
+            balance=options.balance,
+            microbatch_order=options.microbatch_order,
+            balance_growth=options.balance_growth,
+        )
+    except ValueError as error:
+        flag = next((f for name, f in _PLANNER_FLAGS.items() if name in str(error)), "--dp-schedule")
+        raise ValueError(f"{flag}: {error}") from None
+
+
+def schedule_kwargs_from_args(args: Any, *, data_parallel_size: int) -> dict[str, Any]:
+    """``build_dp_schedule`` keyword arguments (all but ``lengths``) for Megatron's ``args``."""
+    config = schedule_config_from_args(args, data_parallel_size=data_parallel_size)
+    kwargs = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name != "drop_last"}
+    kwargs["cost_model"] = CostModel.from_megatron_args(args) if config.balance == "cost" else None
+    return kwargs

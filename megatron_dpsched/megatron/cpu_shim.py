@@ -17,8 +17,11 @@ What :func:`install` changes (all undone by :func:`uninstall`):
   ``current_device`` returns 0, ``Stream`` / ``current_stream`` / ``stream`` /
   ``Event`` are inert stand-ins, ``get_rng_state`` / ``set_rng_state`` use the
   CPU generator (the rerun state machine saves them every step);
-* the tensor-parallel RNG tracker is reset to the inference tracker, which
-  needs no CUDA generator.
+* Megatron's tensor-parallel RNG tracker becomes :class:`CpuRNGStatesTracker`,
+  which keeps CPU generator states under the same names (data-parallel,
+  model-parallel, expert-parallel), so dropout in tensor-parallel regions forks
+  its own stream as on a GPU, and checkpoints save and restore every RNG state
+  a CPU run has (a plain ``--save`` / ``--load`` resumes bit-exactly).
 
 ``torch.cuda.device_count`` and ``is_available`` are left alone (0 / False);
 use :func:`pretend_one_device` around Megatron's ``_initialize_distributed``,
@@ -32,6 +35,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from megatron.core.tensor_parallel.random import _MODEL_PARALLEL_RNG_TRACKER_NAME as _MODEL_PARALLEL_NAME
+from megatron.core.tensor_parallel.random import CudaRNGStatesTracker
 from torch.overrides import TorchFunctionMode
 
 _CPU = torch.device("cpu")
@@ -135,11 +140,43 @@ def uninstall() -> None:
     _saved.clear()
 
 
-def reset_rng_tracker() -> None:
-    """Use Megatron's inference RNG tracker, which needs no CUDA generator."""
-    from megatron.core import tensor_parallel
+class CpuRNGStatesTracker(CudaRNGStatesTracker):
+    """Megatron's RNG states tracker with CPU generator states (forks swap the CPU default generator)."""
 
-    tensor_parallel.random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+    def add(self, name: str, seed: int) -> None:
+        """Track a new state ``name`` seeded with ``seed`` (same checks as Megatron's tracker)."""
+        if seed in self.seeds_:
+            raise Exception(f"seed {seed} already exists")
+        if name in self.states_:
+            raise Exception(f"cuda rng state {name} already exists")
+        self._is_initialized = True
+        self.seeds_.add(seed)
+        self.states_[name] = torch.Generator().manual_seed(seed).get_state()
+
+    @contextlib.contextmanager
+    def fork(self, name: str = _MODEL_PARALLEL_NAME) -> Iterator[None]:
+        """Run the block on state ``name``, then return to the state it interrupted."""
+        if name not in self.states_:
+            raise Exception(f"cuda rng state {name} is not added")
+        outer = torch.get_rng_state()
+        torch.set_rng_state(self.states_[name])
+        try:
+            yield
+        finally:
+            self.states_[name] = torch.get_rng_state()
+            torch.set_rng_state(outer)
+
+
+def reset_rng_tracker(seed: int = 1234) -> None:
+    """Install a :class:`CpuRNGStatesTracker` as Megatron's tracker, seeded as Megatron seeds one GPU."""
+    from megatron.core.tensor_parallel import random as tp_random
+
+    tracker = CpuRNGStatesTracker()
+    tp_random._CUDA_RNG_STATE_TRACKER = tracker
+    tp_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    for offset, name in enumerate((tp_random._DATA_PARALLEL_RNG_TRACKER_NAME, _MODEL_PARALLEL_NAME,
+                                   tp_random._EXPERT_PARALLEL_RNG_TRACKER_NAME)):
+        tracker.add(name, seed + 2718 * offset)
 
 
 @contextlib.contextmanager
@@ -158,17 +195,17 @@ def initialize_megatron_on_cpu(args: Any) -> None:
 
     ``args`` come from Megatron's ``parse_args`` + ``validate_args`` (with
     ``--distributed-backend gloo``). Skips what cannot run on CPU: the dataset
-    helpers' ``make`` and the CUDA RNG seeding. Call :func:`install` first.
+    helpers' ``make``; seeds Megatron's RNG states into the CPU tracker. Call :func:`install` first.
     """
     from megatron.training.global_vars import set_global_variables
-    from megatron.training.initialize import _initialize_distributed, initialize_megatron
+    from megatron.training.initialize import _initialize_distributed, _set_random_seed, initialize_megatron
 
     set_global_variables(args, build_tokenizer=False)
     initialize_megatron(allow_no_cuda=True, skip_mpu_initialization=True)
     with pretend_one_device():
         _initialize_distributed(None, None, None)
-    reset_rng_tracker()
-    torch.manual_seed(args.seed)
+        reset_rng_tracker(args.seed)
+        _set_random_seed(args.seed, args.data_parallel_random_init)  # Megatron's seeding, into the CPU tracker
 
 
 @contextlib.contextmanager

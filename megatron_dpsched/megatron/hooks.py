@@ -16,7 +16,9 @@ The hooks:
    of them, possibly inside Megatron's ``RerunDataIterator``), the wrapper
    starts the feed's next step, checks the step's micro-batch count against the
    interleaved schedule's rule *before* calling (a rejected call would already
-   have entered ``no_sync``), and passes the planned ``num_microbatches``
+   have entered ``no_sync``), checks that every rank of the job holds the same
+   plan for the step (:mod:`~megatron_dpsched.megatron.agreement`: one
+   two-integer all-reduce), and passes the planned ``num_microbatches``
    instead of the calculator's. When the rerun state machine replays a step
    (``RerunDataIterator.replaying``) the same step is run again, not the next.
    Other iterators pass through untouched, and with ``--dp-schedule`` off
@@ -43,6 +45,7 @@ from collections.abc import Callable
 from typing import Any
 
 from megatron_dpsched.core.alignment import PipelineLayout
+from megatron_dpsched.megatron.agreement import agree_on_step, log_first_step
 from megatron_dpsched.megatron.iterator import StepBatches, StepFeed
 
 _GROUP_FLAG = "--microbatch-group-size-per-virtual-pipeline-stage"
@@ -102,6 +105,9 @@ def scheduled_forward_backward(forward_backward_func: Callable[..., Any]) -> Cal
         replay = is_replaying(kwargs["data_iterator"])
         step = feed.current if replay else feed.begin_step()
         assert step is not None, "a rerun replays a step that has started"
+        if not replay:
+            agree_on_step(feed, step)
+            log_first_step(feed, step)
         check_interleaved_count(step.num_microbatches, kwargs["model"])
         if not kwargs.get("forward_only", False):
             _open_step(step)

@@ -19,6 +19,12 @@ Two feeds:
   semantics) and plans them with ``build_dp_schedule``; every rank computes the
   same plan (deterministic, no collective) and keeps its own part. Resuming with
   the checkpoint's ``consumed_train_samples`` continues exactly.
+
+Checked at run time, always: a shipped plan's invariants when its feed is built
+(``DPSchedule.check()``, O(samples)); every sample's real token count against the
+length it was planned with, when its micro-batch is collated (a ``ValueError``
+naming the sample, both lengths, the step and the rank); and (in
+:mod:`~megatron_dpsched.megatron.hooks`) the step's plan fingerprint across ranks.
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from megatron_dpsched import DPSchedule, build_dp_schedule
+from megatron_dpsched.core import DPSchedule, ScheduleConfig, ScheduleInvariantError, plan_schedule
+from megatron_dpsched.core.validation import is_int, require_int, require_lengths
 from megatron_dpsched.megatron.collate import CollateConfig, collate_micro_batch
 
 SampleSource = Callable[[int], Mapping[str, Any]] | Sequence[Mapping[str, Any]]
@@ -45,6 +52,8 @@ class StepBatches:
     """This rank's micro-batches as global sample ids, in run order; ``()`` is a dummy."""
     num_samples: int
     """Samples trained in the step over all data-parallel ranks (the LR-scheduler increment)."""
+    fingerprint: int
+    """63-bit hash of the whole step's plan (all ranks' parts); every rank of the job must hold the same."""
 
     @property
     def num_microbatches(self) -> int:
@@ -78,15 +87,22 @@ class ChunkIterator:
 class StepFeed(ABC):
     """Plans steps, loads and collates their micro-batches, and hands them to chunk iterators."""
 
+    length_source = "the lengths the plan was made from"
+    """Where the planned lengths came from, for error messages."""
+
     def __init__(
-        self, *, num_chunks: int = 1, collate: CollateConfig | None = None, verify: str = "off"
+        self, *, rank: int = 0, num_chunks: int = 1, collate: CollateConfig | None = None, verify: str = "off",
+        name: str = "train",
     ) -> None:
         if num_chunks < 1:
             raise ValueError(f"num_chunks must be >= 1; got {num_chunks}")
         if verify not in VERIFY_LEVELS:
             raise ValueError(f"--dp-schedule-verify must be one of {VERIFY_LEVELS}; got {verify!r}")
+        self.rank = rank
+        self.name = name
         self.collate = collate or CollateConfig()
         self.verify = verify
+        self.steps_begun = 0
         self.chunks = [ChunkIterator(self, chunk) for chunk in range(num_chunks)]
         self.current: StepBatches | None = None
         self._cache: dict[int, dict[str, Any]] = {}
@@ -104,9 +120,19 @@ class StepFeed(ABC):
     def load_sample(self, sample_id: int) -> Mapping[str, Any]:
         """The raw sample with global id ``sample_id``."""
 
+    @abstractmethod
+    def planned_length(self, sample_id: int) -> int:
+        """The token count sample ``sample_id`` was planned with."""
+
+    @property
+    @abstractmethod
+    def start_position(self) -> int:
+        """Samples consumed before this feed's first step (0 unless resumed)."""
+
     def begin_step(self) -> StepBatches:
         """Advance to the next step and rewind every chunk iterator to its first micro-batch."""
         self.current = self._plan_next_step()
+        self.steps_begun += 1
         self._cache.clear()
         for chunk in self.chunks:
             chunk.offset = 0
@@ -141,8 +167,26 @@ class StepFeed(ABC):
         if index not in self._cache:
             ids = self.current.micro_batches[index]
             samples = [self.load_sample(i) for i in ids]
+            for sample_id, sample in zip(ids, samples, strict=True):
+                self._check_length(sample_id, sample)
             self._cache[index] = collate_micro_batch(samples, ids, self.collate)
         return self._cache[index]
+
+    def _check_length(self, sample_id: int, sample: Mapping[str, Any]) -> None:
+        """Raise ``ValueError`` if the sample is not as long as the plan says (the cap would not hold)."""
+        assert self.current is not None
+        where = f"dp-schedule step {self.current.step}, data-parallel rank {self.rank}: sample {sample_id}"
+        actual = sample["tokens"].numel()
+        expected = self.planned_length(sample_id)
+        if actual != expected:
+            raise ValueError(
+                f"{where} has {actual} tokens, but the plan was made with length {expected} "
+                f"({self.length_source}); the token cap and the balance hold only for the lengths planned with"
+            )
+        for key in ("labels", "loss_mask"):
+            value = sample.get(key)
+            if value is not None and value.numel() != actual:
+                raise ValueError(f"{where} has {actual} tokens but {value.numel()} entries in '{key}'")
 
     def megatron_iterators(self, *, rerun: bool = True) -> Any:
         """What to pass as Megatron's ``train_data_iterator``: one iterator, or a list with VPP.
@@ -165,7 +209,13 @@ def _sample_getter(samples: SampleSource) -> Callable[[int], Mapping[str, Any]]:
 
 
 class ScheduledDataIterator(StepFeed):
-    """Feed driven by a precomputed :class:`DPSchedule` and per-sample data."""
+    """Feed driven by a precomputed :class:`DPSchedule` and per-sample data.
+
+    The plan is checked (``DPSchedule.check()``) when the feed is built, whatever
+    ``verify`` says: a broken shipped plan raises ``ValueError`` before any step.
+    """
+
+    length_source = "the shipped plan's lengths"
 
     def __init__(
         self,
@@ -176,13 +226,16 @@ class ScheduledDataIterator(StepFeed):
         start_step: int = 0,
         **feed_kwargs: Any,
     ) -> None:
-        super().__init__(**feed_kwargs)
-        if not 0 <= rank < schedule.dp_size:
-            raise ValueError(f"rank {rank} is outside the schedule's dp_size={schedule.dp_size}")
-        if self.verify != "off":
+        super().__init__(rank=rank, **feed_kwargs)
+        try:
             schedule.check()
+        except ScheduleInvariantError as error:
+            raise ValueError(f"dp-schedule: the shipped plan is broken: {error}") from None
+        if not is_int(rank) or not 0 <= rank < schedule.dp_size:
+            raise ValueError(f"rank {rank!r} is outside the schedule's dp_size={schedule.dp_size}")
+        if not is_int(start_step) or not 0 <= start_step <= schedule.num_steps:
+            raise ValueError(f"start_step={start_step!r} is outside the plan's {schedule.num_steps} steps")
         self.schedule = schedule
-        self.rank = rank
         self._get = _sample_getter(samples)
         self.start_step = start_step
         self.next_step = start_step
@@ -190,6 +243,10 @@ class ScheduledDataIterator(StepFeed):
     @property
     def dp_size(self) -> int:
         return self.schedule.dp_size
+
+    @property
+    def start_position(self) -> int:
+        return sum(self.schedule.step_num_samples[: self.start_step])
 
     def reset(self) -> None:
         """Start again from ``start_step``."""
@@ -200,6 +257,9 @@ class ScheduledDataIterator(StepFeed):
     def load_sample(self, sample_id: int) -> Mapping[str, Any]:
         return self._get(sample_id)
 
+    def planned_length(self, sample_id: int) -> int:
+        return self.schedule.lengths[sample_id]
+
     def _plan_next_step(self) -> StepBatches:
         step = self.next_step
         if step >= self.schedule.num_steps:
@@ -209,11 +269,19 @@ class ScheduledDataIterator(StepFeed):
             step=step,
             micro_batches=self.schedule.rank_step_micro_batches(self.rank, step),
             num_samples=self.schedule.step_num_samples[step],
+            fingerprint=self.schedule.step_fingerprint(step),
         )
 
 
 class ScheduledDatasetLoader(StepFeed):
-    """Feed that plans each step from a map-style dataset with known per-sample lengths."""
+    """Feed that plans each step from a map-style dataset with known per-sample lengths.
+
+    ``lengths`` are validated once, when the feed is built (a ``ValueError`` names the
+    first bad entry); ``schedule_kwargs`` are ``build_dp_schedule``'s keyword arguments
+    but ``lengths`` (``cost_model`` included), validated once as a ``ScheduleConfig``.
+    """
+
+    length_source = "the dataset's lengths"
 
     def __init__(
         self,
@@ -225,20 +293,27 @@ class ScheduledDatasetLoader(StepFeed):
         consumed_samples: int = 0,
         **feed_kwargs: Any,
     ) -> None:
-        super().__init__(**feed_kwargs)
-        if "drop_last" in schedule_kwargs:
+        super().__init__(rank=rank, **feed_kwargs)
+        options = dict(schedule_kwargs)
+        if "drop_last" in options:
             raise ValueError("ScheduledDatasetLoader plans one step at a time; drop_last does not apply")
+        self.cost_model = options.pop("cost_model", None)
+        self.config = ScheduleConfig(**options)
+        if not is_int(rank) or not 0 <= rank < self.config.dp_size:
+            raise ValueError(f"rank {rank!r} is outside dp_size={self.config.dp_size}")
         self._get = _sample_getter(dataset)
-        self.lengths = lengths
-        self.rank = rank
-        self.schedule_kwargs = dict(schedule_kwargs)
-        self.global_batch_size = int(schedule_kwargs["global_batch_size"])
-        self.start_consumed_samples = consumed_samples
+        self.lengths = require_lengths(lengths, name=f"{type(dataset).__name__}.lengths")
+        self.global_batch_size = self.config.global_batch_size
+        self.start_consumed_samples = require_int("consumed_samples", consumed_samples, minimum=0)
         self.consumed_samples = consumed_samples
 
     @property
     def dp_size(self) -> int:
-        return int(self.schedule_kwargs["dp_size"])
+        return self.config.dp_size
+
+    @property
+    def start_position(self) -> int:
+        return self.start_consumed_samples
 
     def reset(self) -> None:
         """Start again from the ``consumed_samples`` given at construction."""
@@ -249,19 +324,23 @@ class ScheduledDatasetLoader(StepFeed):
     def load_sample(self, sample_id: int) -> Mapping[str, Any]:
         return self._get(sample_id)
 
+    def planned_length(self, sample_id: int) -> int:
+        return self.lengths[sample_id]
+
     def plan_step_at(self, consumed_samples: int) -> tuple[StepBatches, DPSchedule]:
         """The step that starts after ``consumed_samples`` samples (this rank's part, and the plan)."""
         total = len(self.lengths)
         if consumed_samples >= total:
             raise StopIteration(f"all {total} samples consumed")
         stop = min(consumed_samples + self.global_batch_size, total)
-        plan = build_dp_schedule(list(self.lengths[consumed_samples:stop]), **self.schedule_kwargs)
+        plan = plan_schedule(self.lengths[consumed_samples:stop], config=self.config, cost_model=self.cost_model)
         assert plan.num_steps == 1, "one global batch plans as one step"
         local = plan.rank_step_micro_batches(self.rank, 0)
         batches = StepBatches(
             step=consumed_samples // self.global_batch_size,
             micro_batches=tuple(tuple(consumed_samples + i for i in mb) for mb in local),
             num_samples=plan.step_num_samples[0],
+            fingerprint=plan.step_fingerprint(0, first_sample=consumed_samples),
         )
         return batches, plan
 

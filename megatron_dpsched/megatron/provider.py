@@ -67,9 +67,10 @@ def scheduled_datasets_provider(provider: DatasetsProvider) -> DatasetsProvider:
         datasets = provider(num_samples, vp_stage=vp_stage) if takes_vp_stage else provider(num_samples)
         if not getattr(args, "dp_schedule", False):
             return datasets
+        needed = list(num_samples) if isinstance(num_samples, (list, tuple)) else [None] * len(ROLES)
         return tuple(
-            _chunk_of(feeds, role, dataset, args=args, vp_stage=vp_stage)
-            for role, dataset in zip(ROLES, datasets)
+            _chunk_of(feeds, role, dataset, args=args, vp_stage=vp_stage, num_samples=count)
+            for role, dataset, count in zip(ROLES, datasets, needed)
         )
 
     wrapped.__name__ = getattr(provider, "__name__", "scheduled_datasets_provider")
@@ -80,27 +81,39 @@ def scheduled_datasets_provider(provider: DatasetsProvider) -> DatasetsProvider:
 
 
 def _chunk_of(
-    feeds: dict[str, ScheduledDatasetLoader], role: str, dataset: Any, *, args: Any, vp_stage: int | None
+    feeds: dict[str, ScheduledDatasetLoader],
+    role: str,
+    dataset: Any,
+    *,
+    args: Any,
+    vp_stage: int | None,
+    num_samples: int | None,
 ) -> Any:
     """The ``vp_stage`` chunk iterator of the feed for ``role`` (built once, shared by all stages)."""
     if dataset is None:
         return None
     if role not in feeds:
-        feeds[role] = build_feed(dataset, args=args, role=role)
+        feeds[role] = build_feed(dataset, args=args, role=role, num_samples=num_samples)
     return feeds[role].chunks[vp_stage or 0]
 
 
-def build_feed(dataset: Any, *, args: Any, role: str = "train") -> ScheduledDatasetLoader:
+def build_feed(
+    dataset: Any, *, args: Any, role: str = "train", num_samples: int | None = None
+) -> ScheduledDatasetLoader:
     """A :class:`ScheduledDatasetLoader` for this process's data-parallel rank, from Megatron's ``args``.
 
     ``role`` picks Megatron's position and batch size: training data starts at
     ``consumed_train_samples`` with ``--global-batch-size``; validation at
     ``consumed_valid_samples`` (0 with ``--skip-train``) and test at 0, both with
     ``--eval-global-batch-size``, which is what ``evaluate()`` advances by.
+    ``num_samples`` (what Megatron asks the provider for: ``--train-iters x
+    --global-batch-size`` for training) must fit the dataset, or a ``ValueError``
+    gives both numbers before training.
     """
     from megatron.core import parallel_state as mpu
 
     lengths = _lengths_of(dataset)
+    _check_size(role, len(lengths), num_samples, args=args)
     kwargs = schedule_kwargs_from_args(args, data_parallel_size=mpu.get_data_parallel_world_size())
     if role != "train":
         kwargs["global_batch_size"] = getattr(args, "eval_global_batch_size", None) or args.global_batch_size
@@ -115,8 +128,22 @@ def build_feed(dataset: Any, *, args: Any, role: str = "train") -> ScheduledData
         consumed_samples=_start_of(role, args),
         num_chunks=args.virtual_pipeline_model_parallel_size or 1,
         collate=CollateConfig(format=DPScheduleOptions.from_args(args).collate_format, pad_multiple=multiple),
-        verify=args.dp_schedule_verify,
+        verify=DPScheduleOptions.from_args(args).verify,
+        name=role,
     )
+
+
+def _check_size(role: str, available: int, needed: int | None, *, args: Any) -> None:
+    """One pass over the data (``--dataloader-type single`` semantics) must cover what Megatron will read."""
+    if needed is None or available >= needed:
+        return
+    if role == "train":
+        how = (f"--train-iters {args.train_iters} x --global-batch-size {args.global_batch_size} = {needed}"
+               if not getattr(args, "train_samples", None) else f"--train-samples {needed}")
+    else:
+        how = f"{needed} (--eval-iters x --eval-global-batch-size x evaluations, as Megatron counts them)"
+    raise ValueError(f"dp-schedule: the {role} dataset holds {available} samples, but training reads {how}; "
+                     f"give more data or fewer iterations")
 
 
 def _start_of(role: str, args: Any) -> int:

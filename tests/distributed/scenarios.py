@@ -48,14 +48,19 @@ class WholeBatchFeed:
                 super().__init__(collate=CollateConfig(format="bshd"), verify="strict")
                 self.next_step = 0
 
+            start_position = 0
+
             def load_sample(self, sample_id: int) -> Any:
                 return harness.make_sample(sample_id)
+
+            def planned_length(self, sample_id: int) -> int:
+                return LENGTHS[sample_id]
 
             def _plan_next_step(self) -> StepBatches:
                 step, self.next_step = self.next_step, self.next_step + 1
                 assert step < num_steps
                 ids = tuple(range(step * GLOBAL_BATCH, (step + 1) * GLOBAL_BATCH))
-                return StepBatches(step=step, micro_batches=(ids,), num_samples=GLOBAL_BATCH)
+                return StepBatches(step=step, micro_batches=(ids,), num_samples=GLOBAL_BATCH, fingerprint=step)
 
         return _Feed()
 
@@ -74,7 +79,8 @@ def _recording_forward_step(records: list[tuple[int, int, tuple[int, ...]]]) -> 
     return _Recording()
 
 
-def _loader(args: Any, *, num_chunks: int, consumed_samples: int = 0, num_samples: int | None = None) -> Any:
+def _loader(args: Any, *, num_chunks: int, consumed_samples: int = 0, num_samples: int | None = None,
+            lengths: Any = None) -> Any:
     from megatron.core import parallel_state
 
     from megatron_dpsched.megatron import CollateConfig, ScheduledDatasetLoader, schedule_kwargs_from_args
@@ -82,7 +88,7 @@ def _loader(args: Any, *, num_chunks: int, consumed_samples: int = 0, num_sample
     dp = parallel_state.get_data_parallel_world_size()
     return ScheduledDatasetLoader(
         harness.make_sample,
-        lengths=LENGTHS[:num_samples],
+        lengths=LENGTHS[:num_samples] if lengths is None else lengths,
         rank=parallel_state.get_data_parallel_rank(),
         schedule_kwargs=schedule_kwargs_from_args(args, data_parallel_size=dp),
         consumed_samples=consumed_samples,
@@ -240,6 +246,92 @@ def dp_mismatch() -> dict[str, Any]:
         harness.teardown()
 
 
+def _train_expecting_error(layout: Layout, make_feed: Callable[[Any, int], Any]) -> dict[str, Any]:
+    """Megatron's real ``train()`` on a feed that must be refused: the error, what trained, and the weights.
+
+    ``make_feed(args, num_chunks)`` builds the feed once the model exists.
+    """
+    from megatron.core import parallel_state
+    from megatron.core.utils import get_model_config
+    from megatron.training.training import train
+
+    args = harness.parse_megatron_args(harness.base_argv() + layout.argv())
+    harness.initialize(args)
+    harness.install_hooks()
+    try:
+        model, optimizer, scheduler = harness.build_model_and_optimizer()
+        params = harness.global_named_parameters(model)
+        before = {name: param.detach().clone() for name, param in params.items()}
+        feed = make_feed(args, len(model))
+        records: list[tuple[int, int, tuple[int, ...]]] = []
+        error = None
+        try:
+            train(_recording_forward_step(records), model, optimizer, scheduler, feed.megatron_iterators(),
+                  None, None, get_model_config(model[0]), {}, None)
+        except ValueError as raised:
+            error = str(raised)
+        return {
+            "error": error,
+            "records": records,
+            "unchanged": all(torch.equal(before[n], p) for n, p in params.items()),
+            "dp_rank": parallel_state.get_data_parallel_rank(),
+            "pp_rank": parallel_state.get_pipeline_model_parallel_rank(),
+            "first_micro_batch": feed.current.micro_batches[0] if feed.current else None,
+            "global_rank": torch.distributed.get_rank(),
+        }
+    finally:
+        harness.remove_hooks()
+        harness.teardown()
+
+
+LYING_LENGTHS = {
+    "shorter": tuple(max(1, n // 4) for n in LENGTHS),  # the dataset says 4x fewer tokens than it holds
+    "longer": tuple(2 * n for n in LENGTHS),
+}
+
+
+def lying_dataset(kind: str) -> dict[str, Any]:
+    """A dataset whose ``lengths`` are not its samples' token counts: refused at the first micro-batch."""
+    return _train_expecting_error(Layout(), lambda args, chunks: _loader(args, num_chunks=chunks,
+                                                                         lengths=LYING_LENGTHS[kind]))
+
+
+def lying_shipped_plan() -> dict[str, Any]:
+    """A shipped plan made from wrong (4x shorter) lengths: refused at the first micro-batch."""
+    from megatron.core import parallel_state
+
+    from megatron_dpsched import build_dp_schedule
+    from megatron_dpsched.megatron import ScheduledDataIterator, schedule_kwargs_from_args
+
+    def make_feed(args: Any, chunks: int) -> Any:
+        kwargs = schedule_kwargs_from_args(args, data_parallel_size=parallel_state.get_data_parallel_world_size())
+        plan = build_dp_schedule(LYING_LENGTHS["shorter"][: TRAIN_ITERS * GLOBAL_BATCH], **kwargs)
+        return ScheduledDataIterator(plan, rank=parallel_state.get_data_parallel_rank(),
+                                     samples=harness.make_sample, num_chunks=chunks)
+
+    return _train_expecting_error(Layout(), make_feed)
+
+
+def _rank_lengths(change: Callable[[list[int]], list[int]]) -> tuple[int, ...]:
+    """``LENGTHS`` as this rank reads them: global rank 1 applies ``change`` to step 0's lengths."""
+    lengths = list(LENGTHS)
+    if torch.distributed.get_rank() == 1:
+        lengths[:GLOBAL_BATCH] = change(lengths[:GLOBAL_BATCH])
+    return tuple(lengths)
+
+
+RANK_CHANGES: dict[str, Callable[[list[int]], list[int]]] = {
+    "reordered": lambda step: step[::-1],  # rank 1 reads its lengths in another order
+    "larger": lambda step: [n + 1 for n in step],  # rank 1's lengths slightly larger
+}
+
+
+def ranks_disagree(layout: Layout, change: str) -> dict[str, Any]:
+    """Global rank 1 plans from other lengths: every rank must stop in step 0 with the fingerprint message."""
+    return _train_expecting_error(layout, lambda args, chunks: _loader(
+        args, num_chunks=chunks, lengths=_rank_lengths(RANK_CHANGES[change])))
+
+
 SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
     "dp2": lambda: run_training(Layout()),
     "dp2_precomputed": lambda: run_training(Layout(), precomputed=True),
@@ -253,4 +345,10 @@ SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
     "reference": lambda: run_training(Layout(), reference=True),
     "bad_layout": bad_layout,
     "dp_mismatch": dp_mismatch,
+    "lying_shorter": lambda: lying_dataset("shorter"),
+    "lying_longer": lambda: lying_dataset("longer"),
+    "lying_shipped_plan": lying_shipped_plan,
+    "dp2_ranks_reordered": lambda: ranks_disagree(Layout(), "reordered"),
+    "dp2_ranks_larger": lambda: ranks_disagree(Layout(), "larger"),
+    "pp2_ranks_reordered": lambda: ranks_disagree(Layout(pp=2), "reordered"),
 }

@@ -132,9 +132,9 @@ def test_interleaved_count_is_checked_before_the_schedule_runs(monkeypatch: pyte
 def test_sample_count_must_be_expressible_in_megatron_units(monkeypatch: pytest.MonkeyPatch) -> None:
     args = types.SimpleNamespace(micro_batch_size=1, data_parallel_size=2, gtp_weight_remat_size=1)
     monkeypatch.setattr("megatron.training.global_vars.get_args", lambda: args)
-    assert patch._accounting_count(StepBatches(step=0, micro_batches=((),), num_samples=8)) == 4
+    assert patch._accounting_count(StepBatches(step=0, micro_batches=((),), num_samples=8, fingerprint=0)) == 4
     with pytest.raises(ValueError, match="--global-batch-size"):
-        patch._accounting_count(StepBatches(step=3, micro_batches=((),), num_samples=7))
+        patch._accounting_count(StepBatches(step=3, micro_batches=((),), num_samples=7, fingerprint=0))
 
 
 # --- collate ---------------------------------------------------------------------------------

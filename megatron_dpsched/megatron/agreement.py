@@ -1,0 +1,88 @@
+"""Every rank of the job holds the same plan for the step it is about to run, or every rank stops.
+
+Each rank plans (or reads) the step itself, so nothing but a check ties the ranks
+together: a rank that read its lengths in another order, or from another file,
+would train other samples (some twice, some never), or run another micro-batch
+count and hang or crash in a pipeline transfer. Before each scheduled step the
+ranks of the default process group (the whole DP x PP x CP x TP x EP world)
+all-reduce ``[fingerprint, -fingerprint]`` with MAX, one two-element integer
+collective: equal plans give ``max == min``. On a mismatch every rank learns it
+from the same collective, gathers who holds what (a second collective, only on
+this error path) and raises the same ``ValueError`` naming the step and the
+ranks of each plan, before any micro-batch runs.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+from megatron_dpsched.megatron.iterator import StepBatches, StepFeed
+
+
+def _group_device() -> torch.device:
+    """Where the default group's collectives run: the current GPU with NCCL, else the host."""
+    import torch.distributed as dist
+
+    if "nccl" in str(dist.get_backend()) and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def agree_on_step(feed: StepFeed, step: StepBatches) -> None:
+    """Raise ``ValueError`` on every rank unless every rank of the job holds ``step.fingerprint``."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    device = _group_device()
+    bounds = torch.tensor([step.fingerprint, -step.fingerprint], dtype=torch.int64, device=device)
+    dist.all_reduce(bounds, op=dist.ReduceOp.MAX)
+    highest, lowest = int(bounds[0]), -int(bounds[1])
+    if highest == lowest == step.fingerprint:
+        return
+    mine = torch.tensor([step.step, step.fingerprint], dtype=torch.int64, device=device)
+    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, mine)
+    raise ValueError(disagreement_message(feed.name, [(int(s), int(f)) for s, f in everyone]))
+
+
+def disagreement_message(feed_name: str, held: list[tuple[int, int]]) -> str:
+    """One message naming, for each distinct (step, fingerprint), the global ranks that hold it."""
+    ranks: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for rank, key in enumerate(held):
+        ranks[key].append(rank)
+    parts = [f"ranks {_ranges(members)} step {step} fingerprint {fingerprint:#018x}"
+             for (step, fingerprint), members in sorted(ranks.items(), key=lambda item: item[1][0])]
+    steps = sorted({step for step, _ in held})
+    return (f"dp-schedule: the ranks hold different plans for {feed_name} step {'/'.join(map(str, steps))} "
+            f"({'; '.join(parts)}); every rank must plan from the same lengths, in the same order, with the "
+            "same flags. Nothing of this step ran.")
+
+
+def _ranges(members: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
+    out: list[str] = []
+    start = previous = members[0]
+    for rank in [*members[1:], None]:
+        if rank is not None and rank == previous + 1:
+            previous = rank
+            continue
+        out.append(str(start) if start == previous else f"{start}-{previous}")
+        if rank is not None:
+            start = previous = rank
+    return ",".join(out)
+
+
+def log_first_step(feed: StepFeed, step: StepBatches, *, print_fn: Any = print) -> None:
+    """On global rank 0, once per feed: where it starts (or resumes) and its first plan's fingerprint."""
+    import torch.distributed as dist
+
+    if feed.steps_begun != 1 or (dist.is_available() and dist.is_initialized() and dist.get_rank() != 0):
+        return
+    verb = "resumes" if feed.start_position else "starts"
+    print_fn(f"dp-schedule: {feed.name} feed {verb} at step {step.step} (consumed_samples={feed.start_position}); "
+             f"{step.num_microbatches} micro-batches per rank, plan fingerprint {step.fingerprint:#018x}",
+             flush=True)
