@@ -303,7 +303,11 @@ def _data_iterators(num_chunks: int) -> tuple[Any, Any]:
 
 def main() -> None:
     dry_run = DRY_RUN_FLAG in sys.argv[1:]
-    args = parse_arguments(dry_run)
+    try:
+        args = parse_arguments(dry_run)
+    except ValueError as error:  # a bad flag: one line naming it, before anything is built
+        print(f"{Path(sys.argv[0]).name}: error: {error}", file=sys.stderr)
+        sys.exit(2)
     if dry_run:
         run_cpu_dry_run(args)
     else:

@@ -5,13 +5,15 @@ and wraps ``megatron.training.training.train_step`` (:meth:`install`, after
 ``patch.enable()``), so each optimizer step writes one JSON line to
 ``<dir>/rank<global rank>.jsonl``::
 
-    {"step", "rank", "dp_rank", "pp_rank", "tp_rank", "micro_batches", "samples",
-     "tokens", "padded_tokens", "step_time_s", "loss", "lr"[, "micro_batch_ids"]}
+    {"step", "rank", "dp_rank", "pp_rank", "tp_rank", "iteration", "consumed_samples", "fingerprint",
+     "micro_batches", "samples", "tokens", "padded_tokens", "step_time_s", "loss", "lr"[, "micro_batch_ids"]}
 
 ``tokens`` are loss tokens (real sample positions), ``padded_tokens`` the
 positions the micro-batch tensors hold (padding included); ``loss`` is
 Megatron's reduced ``lm loss`` (``None`` off the last pipeline stage) and
-``lr`` the learning rate the step used; ``micro_batch_ids`` (scheduled batches only) the
+``lr`` the learning rate the step used; ``iteration`` and ``consumed_samples`` Megatron's
+counters before the step, ``fingerprint`` the scheduled step's plan fingerprint (``None`` on the
+padded path); ``micro_batch_ids`` (scheduled batches only) the
 global sample ids of each micro-batch. :func:`write_plan` stores, next to them, what the
 planner gives for the same steps when asked again (``plan.rank<r>.json``).
 """
@@ -54,20 +56,29 @@ class StepRecorder:
         """``train_step`` that times the step and records its loss and learning rate."""
 
         def timed_train_step(*args: Any, **kwargs: Any) -> Any:
+            from megatron.training.global_vars import get_args
+
             optimizer = kwargs.get("optimizer", args[3] if len(args) > 3 else None)
+            position = {"iteration": get_args().curr_iteration, "consumed_samples": get_args().consumed_train_samples}
             lr = _learning_rate(optimizer)
             start = time.perf_counter()
             result = train_step(*args, **kwargs)
-            self.write_step(time.perf_counter() - start, result[0], lr)
+            self.write_step(time.perf_counter() - start, result[0], lr, position=position)
             return result
 
         return timed_train_step
 
-    def write_step(self, seconds: float, loss_dict: Mapping[str, Any], lr: float | None) -> None:
+    def write_step(
+        self, seconds: float, loss_dict: Mapping[str, Any], lr: float | None, *, position: Mapping[str, int]
+    ) -> None:
         """Append the step's line and start the next step."""
+        from megatron_dpsched.megatron.hooks import active_step
+
         loss = loss_dict.get("lm loss") if loss_dict else None
+        scheduled = active_step()
         record = {
-            "step": self.step, **self.ranks,
+            "step": self.step, **self.ranks, **position,
+            "fingerprint": None if scheduled is None else scheduled.fingerprint,
             "micro_batches": len(self._batches),
             "samples": sum(b[0] for b in self._batches),
             "tokens": sum(b[1] for b in self._batches),

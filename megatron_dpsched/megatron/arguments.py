@@ -9,7 +9,13 @@ and before the model config is built (e.g. first thing in the model provider).
 It fails fast with a ``ValueError`` naming the offending flag, turns on
 ``calculate_per_token_loss`` (every token weighs the same whatever the
 micro-batch it lands in) and ``variable_seq_lengths`` (micro-batches differ in
-shape; Megatron's ``validate_args`` always resets it to ``False``).
+shape; Megatron's ``validate_args`` always resets it to ``False``). With more than
+one data-parallel rank and dropout (or MoE input jitter) it also turns on
+``data_parallel_random_init``: ranks run different micro-batches, so they draw
+different amounts of randomness and their RNG states part ways; Megatron then
+checkpoints every data-parallel rank's RNG state (not only rank 0's), which is
+what makes a resume exact. The weights are unchanged by it: data-parallel rank
+0 keeps ``--seed`` and Megatron broadcasts its initial weights.
 """
 
 from __future__ import annotations
@@ -138,10 +144,18 @@ def validate_dp_schedule_args(args: Any) -> None:
     _check_collate_format(options, args)
     schedule_config_from_args(args, data_parallel_size=getattr(args, "data_parallel_size", None) or 1)
     args.calculate_per_token_loss = True
+    if getattr(args, "data_parallel_size", 1) > 1 and _draws_random_numbers(args):
+        args.data_parallel_random_init = True  # ranks' micro-batches differ, so do their RNG states: save each
     if args.pipeline_model_parallel_size > 1:
         args.variable_seq_lengths = True
         if getattr(args, "num_experts", None) is None:
             args.moe_token_dispatcher_type = "alltoall"
+
+
+def _draws_random_numbers(args: Any) -> bool:
+    """Whether training draws random numbers (dropout, MoE input jitter) whose state a checkpoint must keep."""
+    return bool(getattr(args, "hidden_dropout", 0) or getattr(args, "attention_dropout", 0)
+                or getattr(args, "moe_input_jitter_eps", None))
 
 
 def _refuse_options_without_dp_schedule(args: Any) -> None:

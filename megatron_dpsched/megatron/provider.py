@@ -114,6 +114,8 @@ def build_feed(
 
     lengths = _lengths_of(dataset)
     _check_size(role, len(lengths), num_samples, args=args)
+    if role == "train":
+        _warn_if_nothing_was_loaded(args)
     kwargs = schedule_kwargs_from_args(args, data_parallel_size=mpu.get_data_parallel_world_size())
     if role != "train":
         kwargs["global_batch_size"] = getattr(args, "eval_global_batch_size", None) or args.global_batch_size
@@ -131,6 +133,16 @@ def build_feed(
         verify=DPScheduleOptions.from_args(args).verify,
         name=role,
     )
+
+
+def _warn_if_nothing_was_loaded(args: Any) -> None:
+    """``--load`` without a checkpoint in it starts from scratch; say so where the resume would be logged."""
+    import torch
+
+    nothing = getattr(args, "load", None) and not getattr(args, "finetune", False) and not args.iteration
+    if nothing and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
+        print(f"dp-schedule: WARNING: --load {args.load} was given but no checkpoint was loaded (iteration 0); "
+              f"training starts from scratch at step 0", flush=True)
 
 
 def _check_size(role: str, available: int, needed: int | None, *, args: Any) -> None:

@@ -83,6 +83,59 @@ def test_bad_flags_fail_naming_the_flag(argv: tuple, overrides: dict, flag: str)
         validate_dp_schedule_args(_args(*argv, **overrides))
 
 
+def _megatron_argv(*extra: str, dp_schedule: bool = True) -> list[str]:
+    """The harness's tiny GPT flags through Megatron's own parser; without ``--dp-schedule`` if asked."""
+    argv = harness.base_argv(extra=list(extra))
+    if not dp_schedule:
+        for flag in ("--dp-schedule-max-tokens-per-gpu", "--dp-schedule-verify"):
+            index = argv.index(flag)
+            del argv[index : index + 2]
+        argv.remove("--dp-schedule")
+    return argv
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (("--dp-schedule-balance", "tokens"), "--dp-schedule-balance given without --dp-schedule"),
+    (("--dp-schedule-max-tokens-per-gpu", "64", "--dp-schedule-verify", "strict"),
+     "--dp-schedule-max-tokens-per-gpu, --dp-schedule-verify given without --dp-schedule"),
+    (("--dp-schedule-balance-growth", "0.1"), "--dp-schedule-balance-growth given without --dp-schedule"),
+])
+def test_dp_schedule_options_without_the_switch_are_refused(extra: tuple, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        harness.parse_megatron_args(_megatron_argv(*extra, dp_schedule=False))
+
+
+def test_plain_megatron_arguments_pass_without_the_switch() -> None:
+    args = harness.parse_megatron_args(_megatron_argv(dp_schedule=False))
+    assert not args.dp_schedule and args.dp_schedule_balance is None
+
+
+@pytest.mark.parametrize(("extra", "token_cap", "message"), [
+    (("--dp-schedule-balance-growth", "50"), True, "--dp-schedule-balance-growth must be between 0 and 10"),
+    (("--dp-schedule-balance-growth", "0.5"), False,
+     "--dp-schedule-balance-growth needs --dp-schedule-max-tokens-per-gpu"),
+    (("--dp-schedule-max-tokens-per-gpu", str(2**31)), True,
+     "--dp-schedule-max-tokens-per-gpu: max_tokens_per_gpu must be at most 2147483647"),
+])
+def test_planner_options_are_validated_at_argument_time(extra: tuple, token_cap: bool, message: str) -> None:
+    argv = harness.base_argv(extra=list(extra), token_cap=token_cap)
+    with pytest.raises(ValueError, match=message):
+        harness.parse_megatron_args(argv)
+
+
+def test_a_vpp_group_without_vpp_is_ignored_as_megatron_ignores_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from megatron_dpsched.megatron import schedule_kwargs_from_args
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+
+    argv = harness.base_argv(extra=["--pipeline-model-parallel-size", "2",
+                                    "--microbatch-group-size-per-virtual-pipeline-stage", "1"])
+    args = harness.parse_megatron_args(argv)
+    kwargs = schedule_kwargs_from_args(args, data_parallel_size=1)
+    assert kwargs["microbatch_group_size_per_vp_stage"] is None and kwargs["pp_size"] == 2
+    assert build_dp_schedule(list(harness.LENGTHS[:8]), **kwargs).num_microbatches == (1,)  # 31 tokens, cap 40
+
+
 def test_validation_is_a_no_op_without_dp_schedule() -> None:
     args = argparse.Namespace(dp_schedule=False, calculate_per_token_loss=False)
     validate_dp_schedule_args(args)

@@ -1,0 +1,61 @@
+"""Launching the GPT entry point (``scripts/pretrain_gpt_dpsched.py --cpu-dry-run``) from tests.
+
+Each launch is a real ``torchrun`` job on gloo (or a plain ``python`` process for the
+argument checks, which fail before any process group exists).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+ENTRY = REPO / "scripts" / "pretrain_gpt_dpsched.py"
+MODEL_BUILT = "> number of parameters on (tensor, gtp_weight_remat, pipeline) model parallel rank"
+"""What Megatron's ``get_model`` prints once it has built a model chunk."""
+_PORTS = itertools.count(29500 + os.getpid() % 400)
+
+
+def tiny_gpt_argv(*, num_layers: int = 2, seq_length: int = 48, vocab: int = 128) -> list[str]:
+    """A tiny fp32 GPT on CPU/gloo with the local layer spec."""
+    return [
+        "--cpu-dry-run", "--num-layers", str(num_layers), "--hidden-size", "32", "--num-attention-heads", "2",
+        "--ffn-hidden-size", "64", "--seq-length", str(seq_length), "--max-position-embeddings", str(seq_length),
+        "--micro-batch-size", "1", "--position-embedding-type", "learned_absolute",
+        "--untie-embeddings-and-output-weights", "--transformer-impl", "local", "--no-gradient-accumulation-fusion",
+        "--no-masked-softmax-fusion", "--no-bias-gelu-fusion", "--no-bias-dropout-fusion", "--no-persist-layer-norm",
+        "--use-cpu-initialization", "--distributed-backend", "gloo", "--tokenizer-type", "NullTokenizer",
+        "--vocab-size", str(vocab), "--log-interval", "1",
+    ]
+
+
+def corpus_rows(count: int = 48) -> list[list[int]]:
+    """``count`` token rows of varied lengths (3 to 40 positions), deterministic."""
+    lengths = [9, 30, 4, 17, 25, 3, 12, 40]
+    return [[(7 * i + j) % 100 for j in range(lengths[i % len(lengths)] + 1)] for i in range(count)]
+
+
+def torchrun(argv: Sequence[str], *, nproc: int, timeout: int = 300) -> subprocess.CompletedProcess:
+    """``torchrun --nproc-per-node nproc scripts/pretrain_gpt_dpsched.py argv``."""
+    launcher = Path(sys.executable).with_name("torchrun")
+    cmd = [str(launcher), "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
+           "--master-port", str(next(_PORTS)), str(ENTRY), *argv]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def python(argv: Sequence[str], *, timeout: int = 120) -> subprocess.CompletedProcess:
+    """The entry point in one plain process (for failures before the process group starts)."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0"}
+    return subprocess.run([sys.executable, str(ENTRY), *argv], cwd=REPO, capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+def errors(log: str) -> str:
+    """The lines of a failed run that say why (tracebacks and errors), not the argument dump."""
+    keep = [line for line in log.splitlines() if "Error" in line or "error" in line or line.startswith("  File")]
+    return "\n".join(keep[-60:])

@@ -1,0 +1,59 @@
+"""Bad flags and too little data stop the GPT entry point with a message naming them, before the model
+or the training it would corrupt; what plain Megatron accepts still trains."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from entry import MODEL_BUILT, corpus_rows, errors, python, tiny_gpt_argv, torchrun
+
+from megatron_dpsched.data import write_token_jsonl
+
+pytestmark = pytest.mark.distributed
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_token_jsonl(tmp_path_factory.mktemp("corpus") / "corpus.jsonl", corpus_rows(48))
+
+
+def _argv(corpus: Path, *extra: str, train_iters: int = 2) -> list[str]:
+    return [*tiny_gpt_argv(), "--data-path", str(corpus), "--global-batch-size", "8",
+            "--train-iters", str(train_iters), "--lr", "1e-3", "--eval-iters", "0", *extra]
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (("--dp-schedule-balance", "tokens"), "--dp-schedule-balance given without --dp-schedule"),
+    (("--dp-schedule-max-tokens-per-gpu", "48"), "--dp-schedule-max-tokens-per-gpu given without --dp-schedule"),
+    (("--dp-schedule", "--dp-schedule-max-tokens-per-gpu", "48", "--dp-schedule-balance-growth", "50"),
+     "--dp-schedule-balance-growth must be between 0 and 10; got 50.0"),
+    (("--dp-schedule", "--dp-schedule-balance-growth", "0.5"),
+     "--dp-schedule-balance-growth needs --dp-schedule-max-tokens-per-gpu"),
+    (("--dp-schedule", "--dp-schedule-max-tokens-per-gpu", "0"), "--dp-schedule-max-tokens-per-gpu must be >= 1"),
+])
+def test_bad_flags_fail_before_the_model_is_built(corpus: Path, extra: tuple, message: str) -> None:
+    proc = python(_argv(corpus, *extra))
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == f"pretrain_gpt_dpsched.py: error: {message}" or (
+        last.startswith("pretrain_gpt_dpsched.py: error: ") and message in last), last
+    assert MODEL_BUILT not in proc.stdout + proc.stderr
+
+
+def test_too_little_data_fails_before_training_with_the_numbers(corpus: Path) -> None:
+    proc = torchrun(_argv(corpus, "--dp-schedule", "--dp-schedule-max-tokens-per-gpu", "48", train_iters=10), nproc=2)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert ("the train dataset holds 48 samples, but training reads --train-iters 10 x --global-batch-size 8 = 80"
+            in log), errors(log)
+    assert "iteration        1/" not in log
+
+
+def test_a_vpp_group_flag_without_vpp_trains_as_plain_megatron_does(corpus: Path) -> None:
+    extra = ("--pipeline-model-parallel-size", "2", "--microbatch-group-size-per-virtual-pipeline-stage", "1",
+             "--dp-schedule", "--dp-schedule-max-tokens-per-gpu", "48")
+    proc = torchrun(_argv(corpus, *extra), nproc=2)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, errors(log)
+    assert "iteration        2/       2" in log
