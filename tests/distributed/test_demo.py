@@ -84,3 +84,13 @@ def test_example_recipes_pass_megatron_validation() -> None:
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert proc.stdout.count("OK ") == 7
+
+
+def test_runtime_check_benchmark_prints_its_figures() -> None:
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_runtime_checks.py"), "--samples", "2048",
+                           "--dp-size", "16", "--repeats", "1", "--world-sizes", "2"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for label in ("DPSchedule.check()", "DPSchedule.step_fingerprint", "length check, per sample",
+                  "2 processes: all-reduce of 2 integers"):
+        assert label in proc.stdout, proc.stdout
