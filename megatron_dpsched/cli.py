@@ -29,13 +29,19 @@ def read_lengths(path: str) -> list[int]:
 
 def load_plan(path: str) -> DPSchedule:
     """A plan written by ``megatron-dpsched plan -o`` (or ``json.dump(schedule.to_dict())``)."""
-    with open(path, encoding="utf-8") as handle:
-        text = handle.read()
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not a text file; a plan is the JSON file that 'megatron-dpsched plan -o' "
+                         "writes") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as error:
         raise ValueError(f"{path} is not JSON ({error.msg} at line {error.lineno} column {error.colno}); "
                          "a plan is the JSON file that 'megatron-dpsched plan -o' writes") from None
+    except RecursionError:
+        raise ValueError(f"{path} nests JSON too deeply to be a plan") from None
     return DPSchedule.from_dict(data)
 
 

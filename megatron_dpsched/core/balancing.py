@@ -12,6 +12,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
+from megatron_dpsched.core.packing import target_bin
+
 
 def lpt_assign(
     items: Sequence[int],
@@ -137,6 +139,8 @@ def _best_move(
             for item in mb:
                 peak = max(loads[source] - costs[item], loads[target] + costs[item])
                 if peak < best_peak and sizes[item] <= widest:
-                    target_bin = next(b for b, r in enumerate(room) if r >= sizes[item])
-                    best, best_peak = (source, source_bin, item, target, target_bin), peak
+                    into = target_bin(fills[target], room, sizes[item])
+                    best, best_peak = (source, source_bin, item, target, into), peak
     return best
+
+

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from megatron_dpsched.core.alignment import PipelineLayout
 from megatron_dpsched.core.ordering import resolve_order
-from megatron_dpsched.core.validation import MAX_TOKENS, require_bool, require_int
+from megatron_dpsched.core.validation import MAX_TOKENS, is_real, require_bool, require_int
 
 BALANCE_MODES = ("cost", "tokens", "none")
 
@@ -55,11 +55,13 @@ class ScheduleConfig:
             if getattr(self, name) is not None:  # plain ints: NumPy integers would not serialise to JSON
                 object.__setattr__(self, name, int(getattr(self, name)))
         growth = self.balance_growth
-        if isinstance(growth, bool) or not isinstance(growth, (int, float)) or not 0.0 <= growth <= 10.0:
+        if not is_real(growth) or not 0.0 <= growth <= 10.0:
             raise ValueError(f"balance_growth must be a number between 0 and 10, got {growth!r}")
-        object.__setattr__(self, "balance_growth", float(growth))
+        object.__setattr__(self, "balance_growth", float(growth) + 0.0)  # -0.0 -> 0.0
+        if self.vpp_size == 1:  # Megatron ignores the group size without virtual stages; so does the plan
+            object.__setattr__(self, "microbatch_group_size_per_vp_stage", None)
         object.__setattr__(self, "drop_last", require_bool("drop_last", self.drop_last))
-        if self.balance not in BALANCE_MODES:
+        if not isinstance(self.balance, str) or self.balance not in BALANCE_MODES:
             raise ValueError(f"balance must be one of {', '.join(BALANCE_MODES)}; got {self.balance!r}")
         object.__setattr__(self, "microbatch_order", resolve_order(self.microbatch_order, self.pp_size))
 

@@ -20,7 +20,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from megatron_dpsched.core.validation import require_costs, require_int
+from megatron_dpsched.core.validation import require_bool, require_costs, require_int
+
+MAX_DIMENSION = 2**31 - 1
+"""Upper bound on a model dimension (a guard on absurd sizes)."""
 
 CostFunction = Callable[[int], float]
 """Any callable mapping a sample's token count to a positive cost."""
@@ -48,14 +51,17 @@ class CostModel:
     """Causal attention computes half of the score matrix."""
 
     def __post_init__(self) -> None:
-        require_int("hidden_size", self.hidden_size)
-        require_int("num_layers", self.num_layers)
-        require_int("num_attention_heads", self.num_attention_heads)
-        if self.num_query_groups is not None:
-            require_int("num_query_groups", self.num_query_groups)
-        if self.ffn_hidden_size is not None:
-            require_int("ffn_hidden_size", self.ffn_hidden_size)
-        require_int("vocab_size", self.vocab_size, minimum=0)
+        for name in ("hidden_size", "num_layers", "num_attention_heads"):
+            require_int(name, getattr(self, name), maximum=MAX_DIMENSION)
+        for name in ("num_query_groups", "ffn_hidden_size"):
+            if getattr(self, name) is not None:
+                require_int(name, getattr(self, name), maximum=MAX_DIMENSION)
+        require_int("vocab_size", self.vocab_size, minimum=0, maximum=MAX_DIMENSION)
+        groups = self.num_query_groups
+        if groups is not None and self.num_attention_heads % groups:
+            raise ValueError(f"num_query_groups={groups} must divide num_attention_heads={self.num_attention_heads}")
+        require_bool("swiglu", self.swiglu)
+        require_bool("causal", self.causal)
 
     @property
     def linear_flops_per_token(self) -> float:
@@ -93,16 +99,21 @@ class CostModel:
         )
 
 
+def require_cost_model(cost_model: object) -> None:
+    """``None`` or a callable length -> cost, else ``ValueError``."""
+    if cost_model is not None and not callable(cost_model):
+        raise ValueError(
+            f"cost_model must be a CostModel or a callable length -> cost, got {type(cost_model).__name__}"
+        )
+
+
 def sample_costs(
     lengths: Sequence[int], cost_model: CostFunction | None
 ) -> tuple[float, ...]:
     """Cost of every sample: its token count when ``cost_model`` is ``None``."""
     if cost_model is None:
         return tuple(float(length) for length in lengths)
-    if not callable(cost_model):
-        raise ValueError(
-            f"cost_model must be a CostModel or a callable length -> cost, got {type(cost_model).__name__}"
-        )
+    require_cost_model(cost_model)
     cache: dict[int, float] = {}
     costs = []
     for length in lengths:

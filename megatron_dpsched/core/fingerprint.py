@@ -18,6 +18,8 @@ from dataclasses import asdict
 from operator import itemgetter
 from typing import TYPE_CHECKING
 
+from megatron_dpsched.core.validation import is_int, require_int
+
 if TYPE_CHECKING:
     from megatron_dpsched.core.schedule import DPSchedule
 
@@ -32,6 +34,9 @@ def step_fingerprint(schedule: DPSchedule, step: int, *, first_sample: int = 0) 
     plans one step at a time from a position in its dataset passes that position), so
     the same samples planned from different positions give different fingerprints.
     """
+    if not is_int(step) or not 0 <= step < schedule.num_steps:
+        raise ValueError(f"step must be in 0..{schedule.num_steps - 1}, got {step!r}")
+    require_int("first_sample", first_sample, minimum=0, maximum=2**62)
     values = array("q", [first_sample, schedule.dp_size, schedule.num_microbatches[step],
                          schedule.step_num_samples[step]])
     lengths = schedule.lengths

@@ -8,8 +8,10 @@ the rank, step and micro-batch at fault.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
+from megatron_dpsched.core.config import ScheduleConfig
+from megatron_dpsched.core.steps import split_steps
 from megatron_dpsched.core.validation import MAX_TOKENS, is_int, is_real
 
 if TYPE_CHECKING:
@@ -31,17 +33,20 @@ def check_invariants(schedule: DPSchedule) -> None:
     _check_steps(schedule)
 
 
-def _fail(number: int, message: str) -> None:
+def _fail(number: int, message: str) -> NoReturn:
     raise ScheduleInvariantError(f"invariant {number}: {message}")
 
 
 def _check_inputs(schedule: DPSchedule) -> None:
+    if not isinstance(schedule.config, ScheduleConfig):
+        _fail(6, f"config is a {type(schedule.config).__name__}, not a ScheduleConfig")
+    _check_integers(schedule)
     for index, length in enumerate(schedule.lengths):
         if not is_int(length) or not 1 <= length <= MAX_TOKENS:
             _fail(6, f"lengths[{index}] = {length!r} is not a positive integer token count")
     for index, cost in enumerate(schedule.costs):
-        if not is_real(cost) or not math.isfinite(cost) or cost < 0:
-            _fail(6, f"costs[{index}] = {cost!r} is not a finite, non-negative number")
+        if not is_real(cost) or not math.isfinite(cost) or cost <= 0:
+            _fail(6, f"costs[{index}] = {cost!r} is not a finite number > 0")
     if schedule.groups is not None and len(schedule.groups) != len(schedule.lengths):
         _fail(6, f"{len(schedule.groups)} group ids for {len(schedule.lengths)} samples")
     if schedule.num_steps == 0:
@@ -49,6 +54,22 @@ def _check_inputs(schedule: DPSchedule) -> None:
     for step, count in enumerate(schedule.step_num_samples):
         if count < 1:
             _fail(6, f"step {step} trains {count} samples; every step must train at least one")
+
+
+def _check_integers(schedule: DPSchedule) -> None:
+    """Sample ids, positions and counts are integers (not bools, floats or strings)."""
+    fields = {
+        "num_microbatches": [schedule.num_microbatches],
+        "step_num_samples": [schedule.step_num_samples],
+        "dropped": [schedule.dropped],
+        "partitions": schedule.partitions,
+        "micro_batch_indices": [mb for rank in schedule.micro_batch_indices for mb in rank],
+    }
+    for name, rows in fields.items():
+        for row in rows:
+            bad = next((value for value in row if not is_int(value)), None)
+            if bad is not None:
+                _fail(6, f"{name} holds {bad!r}; it must hold integers")
 
 
 def _check_shape(schedule: DPSchedule) -> None:
@@ -96,6 +117,8 @@ def _check_coverage(schedule: DPSchedule) -> None:
                 _fail(3, f"sample {sample} is on rank {seen[sample]} and rank {rank}")
             seen[sample] = rank
     for sample in schedule.dropped:
+        if not 0 <= sample < len(schedule.lengths):
+            _fail(3, f"dropped sample {sample} is outside 0..{len(schedule.lengths) - 1}")
         if sample in seen:
             _fail(3, f"sample {sample} is both dropped and on rank {seen[sample]}")
         seen[sample] = -1
@@ -114,37 +137,31 @@ def _check_legal_counts(schedule: DPSchedule) -> None:
 
 
 def _check_steps(schedule: DPSchedule) -> None:
-    n = len(schedule.lengths)
-    unit_of = list(range(n)) if schedule.groups is None else _group_rank(schedule.groups)
-    steps = [schedule.step_samples(step) for step in range(schedule.num_steps)]
-    previous_last = -1
-    for step, samples in enumerate(steps):
+    """Steps and ``dropped`` are exactly the cut of spec step 1; ``step_num_samples`` counts each step."""
+    config = schedule.config
+    try:
+        expected, dropped = split_steps(len(schedule.lengths), global_batch_size=config.global_batch_size,
+                                        groups=schedule.groups, drop_last=config.drop_last)
+    except ValueError as error:
+        _fail(6, str(error))
+    if len(expected) != schedule.num_steps:
+        _fail(5, f"the plan has {schedule.num_steps} steps; {len(schedule.lengths)} samples in steps of "
+              f"global_batch_size={config.global_batch_size} (drop_last={config.drop_last}) make {len(expected)}")
+    for step, want in enumerate(expected):
+        samples = schedule.step_samples(step)
         if len(samples) != schedule.step_num_samples[step]:
             _fail(5, f"step {step} trains {len(samples)} samples, step_num_samples says "
                   f"{schedule.step_num_samples[step]}")
-        units = sorted({unit_of[i] for i in samples})
-        if units != list(range(previous_last + 1, previous_last + 1 + len(units))):
-            _fail(5, f"step {step} does not hold the next {len(units)} samples/groups in input order")
-        previous_last += len(units)
-        size = schedule.config.global_batch_size
-        if len(units) != size and step != len(steps) - 1:
-            _fail(5, f"step {step} holds {len(units)} samples/groups, not global_batch_size={size}")
-        if len(units) > size:
-            _fail(5, f"step {step} holds {len(units)} samples/groups > global_batch_size={size}")
-    _check_dropped(schedule, unit_of, previous_last)
+        if samples != want:
+            _fail(5, f"step {step} does not hold the next global_batch_size={config.global_batch_size} "
+                  f"samples/groups in input order (first difference: {_first_difference(samples, want)})")
+    if sorted(schedule.dropped) != dropped:
+        _fail(5, f"dropped holds {len(schedule.dropped)} samples; only the trailing partial step "
+              f"({len(dropped)} samples with drop_last={config.drop_last}) may be dropped")
 
 
-def _check_dropped(schedule: DPSchedule, unit_of: list[int], last_unit: int) -> None:
-    if not schedule.dropped:
-        return
-    if not schedule.config.drop_last:
-        _fail(3, f"{len(schedule.dropped)} samples dropped without drop_last")
-    units = sorted({unit_of[i] for i in schedule.dropped})
-    if units[0] != last_unit + 1 or len(units) >= schedule.config.global_batch_size:
-        _fail(5, "dropped samples are not a trailing partial step")
-
-
-def _group_rank(groups: tuple) -> list[int]:
-    """Map each sample to its group's position in order of first appearance."""
-    order: dict = {}
-    return [order.setdefault(group, len(order)) for group in groups]
+def _first_difference(actual: list[int], expected: list[int]) -> str:
+    extra = sorted(set(actual) - set(expected))
+    if extra:
+        return f"sample {extra[0]} does not belong in it"
+    return f"sample {sorted(set(expected) - set(actual))[0]} is missing"

@@ -9,27 +9,28 @@ from __future__ import annotations
 
 import heapq
 import math
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Sequence
 
 
 def bin_lower_bound(sizes: Sequence[int], cap: int) -> int:
     """Fewest micro-batches any packing can use.
 
-    Oversize samples (> cap) sit alone; among the rest, no two samples longer
-    than ``cap / 2`` share a micro-batch, and the tokens need ``ceil(total / cap)``.
-    This is at least ``max(ceil(total / cap), #samples > cap / 2)``.
+    Oversize samples (> cap) sit alone. Among the rest, the tokens need
+    ``ceil(total / cap)``, and no micro-batch holds ``k + 1`` samples longer than
+    ``cap / (k + 1)``, so the ``n_k`` samples longer than that need ``ceil(n_k / k)``
+    (``k = 1``: no two samples over half the cap share one; ``k = 2``: at most two
+    over a third, ...). The bound is the oversize count plus the largest of these.
     """
-    oversize = 0
-    rest = 0
-    halves = 0
-    for size in sizes:
-        if size > cap:
-            oversize += 1
-        else:
-            rest += size
-            halves += 2 * size > cap
-    return oversize + max(math.ceil(rest / cap), halves)
+    oversize = sum(1 for size in sizes if size > cap)
+    rest = sorted(size for size in sizes if size <= cap)
+    bound = math.ceil(sum(rest) / cap)
+    k = 1
+    while math.ceil(len(rest) / k) > bound:
+        longer = len(rest) - bisect_right(rest, cap // (k + 1))  # sizes with size * (k + 1) > cap
+        bound = max(bound, math.ceil(longer / k))
+        k += 1
+    return oversize + bound
 
 
 def best_fit_decreasing(items: Sequence[int], sizes: Sequence[int], cap: int) -> list[list[int]]:
@@ -172,3 +173,10 @@ def _halve(items: Sequence[int], sizes: Sequence[int]) -> tuple[list[int], list[
             second.append(item)
             load_second += sizes[item]
     return first, second
+
+
+def target_bin(fills: Sequence[int], room: Sequence[int], size: int) -> int:
+    """Where a sample of ``size`` tokens joins a rank's micro-batches: the first empty one (empties are
+    only for ranks short of samples), else the first with ``room`` for it."""
+    empty = next((b for b, fill in enumerate(fills) if fill == 0), None)
+    return empty if empty is not None else next(b for b, r in enumerate(room) if r >= size)

@@ -14,6 +14,7 @@ from megatron_dpsched.core.packing import (
     first_fit,
     pack_into,
     split_to_count,
+    target_bin,
 )
 
 
@@ -90,18 +91,20 @@ def _plan_dynamic(sizes: list[int], costs: list[float], *, config: ScheduleConfi
         return _plan_by_bins(_global_packing(sizes, config.token_cap), sizes, costs, config=config)
     ideal = max(sum(costs) / config.dp_size, max(costs))
     num_microbatches = lower_bound_microbatches(sizes, config=config)
-    best, best_peak = None, math.inf
+    plan = _assign_and_pack(sizes, costs, cap=config.token_cap, dp=config.dp_size, num_microbatches=num_microbatches)
     global_bins: list[list[int]] | None = None
     upper = num_microbatches
+    if plan is None:  # the lower bound does not fit: find the first count that does, in O(log) tries
+        global_bins = _global_packing(sizes, config.token_cap)
+        upper = _bins_count(global_bins, config)
+        num_microbatches, plan = _first_fitting_count(sizes, costs, config=config, low=num_microbatches, high=upper)
+    best, best_peak = None, math.inf
     stale = 0  # larger counts tried in a row without a better plan
     while True:
-        plan = _assign_and_pack(
-            sizes, costs, cap=config.token_cap, dp=config.dp_size, num_microbatches=num_microbatches
-        )
         peak = _peak_cost(plan, costs)
         if peak > ideal * (1 + BALANCE_TOLERANCE):
             global_bins = global_bins or _global_packing(sizes, config.token_cap)
-            upper = config.layout.align(math.ceil(len(global_bins) / config.dp_size))
+            upper = _bins_count(global_bins, config)
             if plan is None and best is None and num_microbatches >= upper:
                 plan = _plan_by_bins(global_bins, sizes, costs, config=config)
             if plan is not None:
@@ -116,6 +119,50 @@ def _plan_dynamic(sizes: list[int], costs: list[float], *, config: ScheduleConfi
         if best is not None and num_microbatches >= limit:
             return best
         num_microbatches = config.layout.next_legal(num_microbatches)
+        plan = _assign_and_pack(
+            sizes, costs, cap=config.token_cap, dp=config.dp_size, num_microbatches=num_microbatches
+        )
+
+
+def _bins_count(bins: list[list[int]], config: ScheduleConfig) -> int:
+    """Micro-batches per rank when ``bins`` are dealt to the ranks (the legal count at or above)."""
+    return config.layout.align(math.ceil(len(bins) / config.dp_size))
+
+
+def _first_fitting_count(
+    sizes: list[int], costs: list[float], *, config: ScheduleConfig, low: int, high: int
+) -> tuple[int, list[RankPlan] | None]:
+    """The smallest legal count in ``(low, high]`` whose per-rank packing fits, with its plan.
+
+    ``low`` does not fit. Counts grow by doubling steps until one fits (or ``high`` is
+    reached, where the global packing always fits), then bisect back between the last
+    count that did not fit and the first that did: O(log(high - low)) packings instead of
+    one per count (equal samples just over a third of the cap fit two per micro-batch, so
+    every count between ``n / 3`` and ``n / 2`` fails).
+    """
+    layout, cap, dp = config.layout, config.token_cap, config.dp_size
+
+    def attempt(count: int) -> list[RankPlan] | None:
+        return _assign_and_pack(sizes, costs, cap=cap, dp=dp, num_microbatches=count)
+
+    step, fitting, plan = 1, high, None
+    while True:
+        candidate = min(layout.align(low + step), high)
+        plan = attempt(candidate)
+        if plan is not None or candidate >= high:
+            fitting = candidate
+            break
+        low, step = candidate, 2 * step
+    while plan is not None and layout.next_legal(low) < fitting:
+        middle = layout.align((low + fitting) // 2)
+        if middle <= low or middle >= fitting:
+            middle = layout.next_legal(low)
+        smaller = attempt(middle)
+        if smaller is None:
+            low = middle
+        else:
+            fitting, plan = middle, smaller
+    return fitting, plan
 
 
 def _global_packing(sizes: list[int], cap: int) -> list[list[int]]:
@@ -185,7 +232,7 @@ def _repair_overflow(
         if not fits:
             return None
         rank = min(fits, key=lambda r: loads[r])
-        b = next(b for b, room in enumerate(residuals[rank]) if room >= size)
+        b = target_bin([cap - room for room in residuals[rank]], residuals[rank], size)
         bins_per_rank[rank][b].append(item)
         residuals[rank][b] -= size
         loads[rank] += costs[item]

@@ -56,8 +56,9 @@ Invariants (checked by :meth:`DPSchedule.check`, for every accepted input):
    (groups); ``step_num_samples[s]`` counts the samples of step ``s``; only a
    trailing partial step can be dropped, and only with ``drop_last``.
 6. The plan is well formed: every length is an integer in ``1..2**31-1``,
-   every cost a finite non-negative number, there is at least one step, and
-   every step trains at least one sample.
+   every cost a finite number > 0, sample ids, positions and counts are
+   integers, there is at least one step, and every step trains at least one
+   sample. Steps and ``dropped`` are exactly the cut of step 1 (invariant 5).
 
 Every rank of a job that calls the planner with the same inputs gets the same
 plan; :meth:`DPSchedule.step_fingerprint` gives a 63-bit hash of one step that
@@ -71,7 +72,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
-from megatron_dpsched.core.cost import CostFunction, sample_costs
+from megatron_dpsched.core.cost import CostFunction, require_cost_model, sample_costs
 from megatron_dpsched.core.planning import plan_step
 from megatron_dpsched.core.steps import split_steps
 from megatron_dpsched.core.validation import require_lengths
@@ -151,7 +152,8 @@ class DPSchedule:
         return schedule_stats(self)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable dict; :meth:`from_dict` rebuilds an equal schedule."""
+        """A dict that ``json.dumps`` takes when group ids are strings, numbers or tuples of them
+        (NumPy scalars are stored as Python numbers); :meth:`from_dict` rebuilds an equal schedule."""
         return {
             "config": asdict(self.config),
             "lengths": list(self.lengths),
@@ -237,9 +239,14 @@ def plan_schedule(
             f"{config.global_batch_size} step, and drop_last=True would drop them all"
         )
     _check_plan_size(config, steps)
+    require_cost_model(cost_model)
     costs = sample_costs(sizes, None if config.balance == "tokens" else cost_model)
     plans = [plan_step(step, sizes=sizes, costs=costs, config=config) for step in steps]
     return assemble_schedule(plans, sizes=sizes, costs=costs, groups=groups, config=config, dropped=dropped)
+
+
+MAX_SLOTS_PER_SAMPLE = 4
+"""A plan may hold at most this many micro-batches per sample (plus a few thousand) before it is absurd."""
 
 
 def _check_plan_size(config: ScheduleConfig, steps: list[list[int]]) -> None:
@@ -249,6 +256,15 @@ def _check_plan_size(config: ScheduleConfig, steps: list[list[int]]) -> None:
         raise ValueError(
             f"dp_size={config.dp_size} is larger than the {largest} samples of the largest step; "
             f"every data-parallel rank needs at least one sample (plan for fewer ranks or a larger step)"
+        )
+    layout = config.layout
+    slots = len(steps) * config.dp_size * layout.align(1)
+    samples = sum(len(step) for step in steps)
+    if slots > MAX_SLOTS_PER_SAMPLE * samples + 4096:
+        raise ValueError(
+            f"pp_size={layout.pp_size}, vpp_size={layout.vpp_size} and microbatch_group_size_per_vp_stage="
+            f"{layout.group_size} need at least {layout.align(1)} micro-batches per rank and step: {slots} for "
+            f"{samples} samples, nearly all of them empty; check the pipeline layout"
         )
 
 
@@ -287,10 +303,16 @@ def assemble_schedule(
         config=config,
         lengths=sizes,
         costs=costs,
-        groups=None if groups is None else tuple(groups),
+        groups=None if groups is None else tuple(_plain(g) for g in groups),
         partitions=tuple(tuple(p) for p in partitions),
         micro_batch_indices=tuple(tuple(mbs) for mbs in micro_batch_indices),
         num_microbatches=tuple(len(step_plan[0]) for step_plan in plans),
         step_num_samples=tuple(sum(len(mb) for rank in step for mb in rank) for step in plans),
         dropped=tuple(dropped),
     )
+
+
+def _plain(group_id: Hashable) -> Hashable:
+    """NumPy scalars as the Python numbers they hold, so ``to_dict()`` stays JSON-serialisable."""
+    item = getattr(group_id, "item", None)
+    return item() if type(group_id).__module__ == "numpy" and callable(item) else group_id

@@ -72,9 +72,23 @@ def _numbers(name: str, value: Any, *, integer: bool) -> tuple:
     for index, item in enumerate(values):
         if isinstance(item, bool) or not isinstance(item, (int, float)):
             raise ValueError(f"not a plan: '{name}'[{index}] must be a number, got {item!r}")
+        if not integer and isinstance(item, int) and abs(item) > MAX_FLOAT:
+            raise ValueError(f"not a plan: '{name}'[{index}] is too large for a float")
     return tuple(values) if integer else tuple(float(item) for item in values)
 
 
-def _hashable(group_id: Any) -> Hashable:
-    """JSON turns tuple group ids into lists; turn them back."""
-    return tuple(_hashable(g) for g in group_id) if isinstance(group_id, list) else group_id
+MAX_FLOAT = 2**1023
+"""Integers beyond this do not convert to a float."""
+MAX_GROUP_DEPTH = 16
+"""Group ids are JSON scalars or lists of them, at most this deep."""
+
+
+def _hashable(group_id: Any, depth: int = 0) -> Hashable:
+    """JSON turns tuple group ids into lists; turn them back. Only JSON scalars and lists are group ids."""
+    if isinstance(group_id, list):
+        if depth >= MAX_GROUP_DEPTH:
+            raise ValueError(f"not a plan: a group id is nested more than {MAX_GROUP_DEPTH} lists deep")
+        return tuple(_hashable(g, depth + 1) for g in group_id)
+    if group_id is not None and not isinstance(group_id, (str, int, float)):
+        raise ValueError(f"not a plan: group ids must be strings, numbers or lists of them, got {group_id!r}")
+    return group_id

@@ -39,10 +39,15 @@ def require_bool(name: str, value: object) -> bool:
 
 def require_sequence(name: str, values: object) -> Sequence:
     """An ordered, indexable collection (list, tuple, array): not a string, mapping, set or iterator."""
+    kind = type(values).__name__
     if isinstance(values, (str, bytes, Mapping, Set)) or not hasattr(values, "__len__") \
             or not hasattr(values, "__getitem__"):
-        kind = type(values).__name__
         raise ValueError(f"{name} must be a sequence (list, tuple or array) in sample order, got {kind}")
+    try:
+        len(values)
+    except TypeError:  # e.g. a 0-d NumPy array
+        raise ValueError(f"{name} must be a sequence (list, tuple or array) in sample order, got an unsized "
+                         f"{kind}") from None
     return values
 
 
@@ -67,7 +72,7 @@ def require_costs(costs: Sequence[float], count: int) -> tuple[float, ...]:
         raise ValueError(f"cost_model returned {len(costs)} costs for {count} samples")
     out = []
     for index, value in enumerate(costs):
-        if not is_real(value) or not math.isfinite(value) or value <= 0:
+        if not is_real(value) or not _finite(value) or value <= 0:
             raise ValueError(
                 f"cost_model gave sample {index} the cost {value!r}; costs must be finite real numbers > 0"
             )
@@ -75,3 +80,10 @@ def require_costs(costs: Sequence[float], count: int) -> tuple[float, ...]:
     if not math.isfinite(sum(out)):
         raise ValueError("cost_model's costs add up to infinity; scale the cost model down (e.g. seconds, not FLOPs)")
     return tuple(out)
+
+
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer too large for a float
+        return False

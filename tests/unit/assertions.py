@@ -24,7 +24,9 @@ def assert_invariants(
     lengths: Sequence[int],
     *,
     groups: Sequence[Hashable] | None = None,
+    baseline: bool = False,
 ) -> None:
+    """``baseline``: a comparison plan, which keeps invariants 1-6 but not the planner's packing rules."""
     schedule.check()
     config = schedule.config
     dp, total = config.dp_size, sum(schedule.num_microbatches)
@@ -45,6 +47,9 @@ def assert_invariants(
         for rank in range(dp):
             batches = schedule.rank_step_micro_batches(rank, step)
             assert len(batches) == schedule.num_microbatches[step]
+            # spec step 4: empty micro-batches only on a rank with fewer samples than micro-batches
+            if not baseline and sum(len(mb) for mb in batches) >= len(batches):
+                assert all(batches), f"rank {rank} step {step}: an empty micro-batch beside splittable ones"
             for mb in batches:
                 # 2. caps
                 if config.max_tokens_per_gpu is not None and len(mb) > 1:

@@ -64,11 +64,16 @@ def test_bad_lengths(lengths, match):
         ({"pp_size": 2, "vpp_size": 2, "microbatch_group_size_per_vp_stage": 10**9},
          "microbatch_group_size_per_vp_stage must be at most 65536"),
         ({"max_tokens_per_gpu": 10**400}, "max_tokens_per_gpu must be at most"),
+        ({"pp_size": 65536, "vpp_size": 2}, "need at least 65536 micro-batches per rank and step"),
         ({"cost_model": lambda n: None}, "cost_model gave sample 0 the cost None"),
         ({"cost_model": lambda n: 1 + 2j}, "cost_model gave sample 0"),
         ({"cost_model": lambda n: "1.5"}, "cost_model gave sample 0 the cost '1.5'"),
         ({"cost_model": lambda n: True}, "cost_model gave sample 0 the cost True"),
         ({"cost_model": lambda n: 1e308}, "add up to infinity"),
+        ({"cost_model": lambda n: 10**400}, "cost_model gave sample 0"),
+        ({"cost_model": 5, "balance": "tokens"}, "cost_model must be a CostModel"),
+        ({"microbatch_order": ["none", "x"]}, "microbatch_order must be one of"),
+        ({"balance": ["cost"]}, "balance must be one of"),
         ({"microbatch_order": "random"}, "microbatch_order must be one of"),
         ({"cost_model": 3}, "cost_model must be a CostModel"),
         ({"cost_model": lambda n: -1.0}, "cost_model gave sample 0"),
@@ -111,3 +116,26 @@ def test_numpy_lengths_and_booleans_are_accepted():
                                  max_tokens_per_gpu=100, drop_last=np.bool_(False))
     schedule.check()
     assert schedule.lengths == (10, 20, 30, 40) and schedule.config.drop_last is False
+
+
+def test_more_bad_arguments_from_adversarial_tries():
+    np = pytest.importorskip("numpy")
+    with pytest.raises(ValueError, match="lengths must be a sequence .* unsized"):
+        build_dp_schedule(np.array(5), **GOOD)
+    with pytest.raises(ValueError, match="microbatch_order must be one of"):
+        build_dp_schedule([10, 20, 30, 40], **GOOD, microbatch_order=np.array(["none", "x"]))
+    schedule = build_dp_schedule([10, 20, 30, 40], **GOOD, balance_growth=np.float32(0.5))
+    assert schedule.config.balance_growth == 0.5
+    assert build_dp_schedule([10, 20, 30, 40], **GOOD, balance_growth=-0.0).config.balance_growth == 0.0
+
+
+@pytest.mark.parametrize(("override", "match"), [
+    ({"hidden_size": 10**400}, "hidden_size must be at most"),
+    ({"num_query_groups": 10**400}, "num_query_groups must be at most"),
+    ({"num_query_groups": 3}, "num_query_groups=3 must divide num_attention_heads=4"),
+    ({"swiglu": "no"}, "swiglu must be True or False"),
+    ({"causal": "False"}, "causal must be True or False"),
+])
+def test_bad_cost_model_fields(override, match):
+    with pytest.raises(ValueError, match=match):
+        CostModel(**{"hidden_size": 8, "num_layers": 2, "num_attention_heads": 4, **override})

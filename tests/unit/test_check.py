@@ -29,7 +29,7 @@ def _replace_rank(values: tuple, rank: int, new: object) -> tuple:
 
 @pytest.mark.parametrize(("field", "value", "number"), [
     ("lengths", -5, 6), ("lengths", 0, 6), ("lengths", 2.5, 6), ("lengths", True, 6), ("lengths", 2**31, 6),
-    ("costs", float("nan"), 6), ("costs", -1.0, 6), ("costs", float("inf"), 6),
+    ("costs", float("nan"), 6), ("costs", -1.0, 6), ("costs", float("inf"), 6), ("costs", 0.0, 6),
 ])
 def test_bad_lengths_and_costs_are_rejected(schedule, field, value, number) -> None:
     values = list(getattr(schedule, field))
@@ -109,6 +109,9 @@ def test_from_dict_names_what_is_missing(data, message) -> None:
 
 
 @pytest.mark.parametrize(("key", "value", "message"), [
+    ("groups", [{"a": 1}] * len(LENGTHS), "group ids must be strings, numbers or lists"),
+    ("groups", [[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]] * len(LENGTHS), "nested more than 16 lists deep"),
+    ("costs", [10**400] * len(LENGTHS), r"'costs'\[0\] is too large for a float"),
     ("partitions", [[0, 1.5]], r"'partitions\[0\]'\[1\] must be an integer"),
     ("num_microbatches", "2", "'num_microbatches' must be a list"),
     ("lengths", [5, "6"], r"'lengths'\[1\] must be a number"),
@@ -159,3 +162,56 @@ def test_cli_check_accepts_a_good_plan(schedule, tmp_path, capsys) -> None:
     path = _write(tmp_path, "plan.json", json.dumps(schedule.to_dict()))
     assert main(["check", path]) == 0
     assert "step" in capsys.readouterr().out
+
+
+def test_a_full_step_cut_short_with_its_tail_dropped_is_rejected() -> None:
+    plan = build_dp_schedule([100] * 8, dp_size=2, global_batch_size=4, max_tokens_per_gpu=1000, drop_last=True)
+    data = plan.to_dict()
+    moved = data["partitions"][1].pop()
+    data["micro_batch_indices"][1][-1].pop()
+    data["step_num_samples"][-1] -= 1
+    data["dropped"] = [moved]
+    with pytest.raises(ScheduleInvariantError, match="invariant 5"):
+        DPSchedule.from_dict(data).check()
+
+
+def test_a_partial_step_kept_although_drop_last_says_drop_it_is_rejected() -> None:
+    plan = build_dp_schedule([100] * 6, dp_size=2, global_batch_size=4, max_tokens_per_gpu=1000)
+    assert plan.step_num_samples == (4, 2)
+    lying = dataclasses.replace(plan, config=dataclasses.replace(plan.config, drop_last=True))
+    with pytest.raises(ScheduleInvariantError, match="invariant 5: the plan has 2 steps"):
+        lying.check()
+
+
+@pytest.mark.parametrize(("extra", "number"), [(-1, 3), (7, 3), (True, 6), (2.0, 6)])
+def test_dropped_ids_are_range_and_type_checked(extra, number) -> None:
+    plan = build_dp_schedule([100] * 7, dp_size=2, global_batch_size=4, max_tokens_per_gpu=1000, drop_last=True)
+    with pytest.raises(ScheduleInvariantError, match=f"invariant {number}"):
+        dataclasses.replace(plan, dropped=plan.dropped + (extra,)).check()
+
+
+def test_non_integer_ids_are_rejected_not_crashed_on(schedule) -> None:
+    partitions = list(schedule.partitions)
+    partitions[2] = (float(partitions[2][0]),) + partitions[2][1:]
+    with pytest.raises(ScheduleInvariantError, match="invariant 6: partitions holds"):
+        dataclasses.replace(schedule, partitions=tuple(partitions)).check()
+    with pytest.raises(ScheduleInvariantError, match="invariant 6: config is a NoneType"):
+        dataclasses.replace(schedule, config=None).check()
+
+
+@pytest.mark.parametrize(("step", "first_sample", "message"), [
+    (-1, 0, "step must be in 0..1"), (2, 0, "step must be in 0..1"), (0, -1, "first_sample"),
+    (0, 1.5, "first_sample"), (0, 2**63, "first_sample must be at most"),
+])
+def test_fingerprint_arguments_are_checked(schedule, step, first_sample, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        schedule.step_fingerprint(step, first_sample=first_sample)
+
+
+def test_numpy_group_ids_survive_json() -> None:
+    np = pytest.importorskip("numpy")
+    plan = build_dp_schedule([100] * 4, dp_size=2, global_batch_size=2, max_tokens_per_gpu=1000,
+                             groups=np.array([0, 0, 1, 1]))
+    copy = DPSchedule.from_dict(json.loads(json.dumps(plan.to_dict())))
+    copy.check()
+    assert copy == plan

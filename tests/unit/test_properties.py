@@ -88,7 +88,7 @@ def test_dynamic_plans_keep_every_invariant(data, sample, layout):
 
 def _assert_never_more_than_global_first_fit(schedule, lengths, kwargs):
     baseline = build_baseline_schedule("global_first_fit", lengths, config=schedule.config)
-    assert_invariants(baseline, lengths)
+    assert_invariants(baseline, lengths, baseline=True)
     for ours, theirs in zip(schedule.num_microbatches, baseline.num_microbatches):
         assert ours <= theirs
     cap = kwargs["max_tokens_per_gpu"] * kwargs["cp_size"]
@@ -135,4 +135,4 @@ def test_baselines_keep_the_invariants_they_promise(data, sample, layout):
     dp = data.draw(st.integers(1, 6))
     for name in ("megatron_fixed", "per_rank_first_fit", "global_first_fit"):
         config = ScheduleConfig(dp_size=dp, global_batch_size=8, max_tokens_per_gpu=cap, **layout)
-        assert_invariants(build_baseline_schedule(name, lengths, config=config), lengths)
+        assert_invariants(build_baseline_schedule(name, lengths, config=config), lengths, baseline=True)

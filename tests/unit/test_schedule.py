@@ -331,3 +331,20 @@ def test_cli_check_reports_a_broken_plan_cleanly(tmp_path, capsys):
     assert "invariant 5" in capsys.readouterr().err
     (tmp_path / "bad.json").write_text("{}")
     assert main(["check", str(tmp_path / "bad.json")]) == 2
+
+
+def test_no_empty_micro_batch_on_a_rank_that_has_samples_to_split():
+    """Refinement moves a sample into a lighter rank's empty micro-batch before a full one (spec step 4)."""
+    lengths = [2468, 7942, 2954, 1991, 2153, 2651, 2268, 11572, 6741, 9876, 942, 1556, 11660, 972, 1880, 2460,
+               2875, 1390, 5128, 5756, 1589, 11876, 12516]
+    plan(lengths, dp_size=8, global_batch_size=len(lengths), max_tokens_per_gpu=4096)
+
+
+def test_equal_samples_over_a_third_of_the_cap_plan_fast_at_the_bound():
+    """Two per micro-batch: the lower bound counts samples over cap/3 (at most two share one)."""
+    from megatron_dpsched.core.packing import bin_lower_bound
+
+    assert bin_lower_bound([1366] * 4096, 4096) == 2048
+    assert bin_lower_bound([1025] * 30, 4096) == 10  # over a quarter: at most three per micro-batch
+    schedule = plan([1366] * 4096, dp_size=2, global_batch_size=4096, max_tokens_per_gpu=4096)
+    assert schedule.num_microbatches == (1024,)
