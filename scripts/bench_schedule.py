@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from megatron_dpsched import CostModel, DPSchedule, build_dp_schedule
+from megatron_dpsched import CostModel, DPSchedule, ScheduleConfig, build_dp_schedule
 from megatron_dpsched.baselines import BASELINES, build_baseline_schedule
 from megatron_dpsched.cli import read_lengths
 
@@ -89,7 +89,7 @@ def measure(method: str, lengths: list[int], *, dataset: str, dp: int, cap: int,
             balance_growth=0.25 if "growth" in method else 0.0,
         )
     else:
-        config = build_dp_schedule([1], dp_size=dp, global_batch_size=gbs, max_tokens_per_gpu=cap).config
+        config = ScheduleConfig(dp_size=dp, global_batch_size=gbs, max_tokens_per_gpu=cap)
         schedule = build_baseline_schedule(method, lengths, config=config)
     seconds = time.perf_counter() - start
     return summarize(schedule, method=method, dataset=dataset, seconds=seconds)
