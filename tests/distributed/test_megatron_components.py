@@ -368,3 +368,21 @@ def test_product_path_never_imports_the_cpu_shim() -> None:
     code = ("import sys, megatron_dpsched.megatron as m; m.enable(); m.disable(); "
             "assert 'megatron_dpsched.megatron.cpu_shim' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_shipped_plan_is_checked_when_its_feed_is_built_whatever_verify_says() -> None:
+    """step_num_samples [16, 8] for two steps of 12 would step the scheduler by the wrong samples."""
+    import dataclasses
+
+    schedule = build_dp_schedule(harness.LENGTHS[:24], dp_size=2, global_batch_size=12, max_tokens_per_gpu=40)
+    broken = dataclasses.replace(schedule, step_num_samples=(16, 8))
+    with pytest.raises(ValueError, match="the shipped plan is broken: invariant 5: step 0 trains 12 samples"):
+        ScheduledDataIterator(broken, rank=1, samples=harness.make_sample, verify="off")
+    with pytest.raises(ValueError, match="rank 2 is outside"):
+        ScheduledDataIterator(schedule, rank=2, samples=harness.make_sample)
+
+
+def test_a_loader_refuses_bad_dataset_lengths_before_planning() -> None:
+    kwargs = dict(dp_size=2, global_batch_size=8, max_tokens_per_gpu=40)
+    with pytest.raises(ValueError, match=r"function.lengths\[3\] must be a positive integer"):
+        ScheduledDatasetLoader(harness.make_sample, lengths=[4, 5, 3, 0, 6], rank=0, schedule_kwargs=kwargs)
