@@ -107,6 +107,7 @@ def parse_arguments(dry_run: bool) -> argparse.Namespace:
     from megatron.training.arguments import parse_and_validate_args, parse_args, validate_args
 
     if dry_run:
+        start_cpu_dry_run()  # before validate_args, which asks the device about TP/CP settings
         args = parse_args(extra_args_provider)
         validate_args(args)
     else:
@@ -119,9 +120,16 @@ def parse_arguments(dry_run: bool) -> argparse.Namespace:
 
 
 def layer_spec(args: argparse.Namespace) -> Any:
-    """Transformer Engine layer spec when ``--transformer-impl transformer_engine``, else local."""
+    """``--spec MODULE NAME`` (a layer spec, or a function returning one), else the Transformer Engine
+    layer spec with ``--transformer-impl transformer_engine``, else Megatron's local one."""
     from megatron.core.models.gpt import gpt_layer_specs as specs
+    from megatron.core.transformer.spec_utils import ModuleSpec, import_module
 
+    if args.spec:
+        spec = import_module(args.spec)
+        if spec is None:
+            raise ValueError(f"--spec {' '.join(args.spec)}: cannot import it")
+        return spec if isinstance(spec, ModuleSpec) else spec()
     options = {"num_experts": args.num_experts, "moe_grouped_gemm": args.moe_grouped_gemm,
                "qk_layernorm": args.qk_layernorm}
     if args.transformer_impl == "transformer_engine":
@@ -201,14 +209,20 @@ train_valid_test_datasets_provider = scheduled_datasets_provider(datasets_provid
 _forward = ScheduledForwardStep()
 
 
-def forward_step(data_iterator: Any, model: torch.nn.Module) -> Any:
-    """Per-token-loss forward step for both data paths (the padded path brings no attention mask)."""
-    batch = next(data_iterator)
-    batch.setdefault("attention_mask", None)  # causal mask type; right padding is loss-masked
+def forward_step(data_iterator: Any, model: torch.nn.Module, return_schedule_plan: bool = False) -> Any:
+    """Megatron's GPT forward step (:class:`ScheduledForwardStep`) for both data paths; records chunk 0's
+    micro-batches with ``--step-stats-dir``."""
     recorder = _state.get("recorder")
-    if recorder is not None and getattr(getattr(data_iterator, "iterable", data_iterator), "chunk", 0) == 0:
-        recorder.on_batch(batch)
-    return _forward(iter([batch]), model)
+    chunk = getattr(getattr(data_iterator, "iterable", data_iterator), "chunk", 0)
+    if recorder is None or chunk != 0:
+        return _forward(data_iterator, model, return_schedule_plan=return_schedule_plan)
+    return _recording_forward(data_iterator, model, return_schedule_plan=return_schedule_plan)
+
+
+def _recording_forward(data_iterator: Any, model: torch.nn.Module, *, return_schedule_plan: bool) -> Any:
+    batch = next(data_iterator)
+    _state["recorder"].on_batch(batch)
+    return _forward(iter([batch]), model, return_schedule_plan=return_schedule_plan)
 
 
 def install_recorder(args: argparse.Namespace) -> None:
@@ -254,11 +268,19 @@ def _model_provider_with_recorder(*args: Any, **kwargs: Any) -> Any:
     return model_provider(*args, **kwargs)
 
 
-def run_cpu_dry_run(args: argparse.Namespace) -> None:
-    """CPU-only dry run: gloo + CUDA shim + Megatron's real model/optimizer set-up, data path and ``train()``."""
+def start_cpu_dry_run() -> None:
+    """Refuse a GPU machine, then install the CPU device shim (test-only; never on the ``pretrain`` path)."""
     if torch.cuda.is_available():
         raise ValueError(f"{DRY_RUN_FLAG} is a CPU-only dry run and refuses to start where CUDA is "
                          f"available; drop the flag to train with pretrain()")
+    from megatron_dpsched.megatron import cpu_shim
+
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # what Megatron asks of TP/CP jobs
+    cpu_shim.install()
+
+
+def run_cpu_dry_run(args: argparse.Namespace) -> None:
+    """CPU-only dry run: gloo + CUDA shim + Megatron's real model/optimizer set-up, data path and ``train()``."""
     if args.distributed_backend != "gloo":
         raise ValueError(f"{DRY_RUN_FLAG} needs --distributed-backend gloo; got {args.distributed_backend}")
     from megatron.core.enums import ModelType
@@ -270,7 +292,6 @@ def run_cpu_dry_run(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     torch.distributed.init_process_group("gloo")
-    cpu_shim.install()
     args.padded_vocab_size = calculate_padded_vocab_size(
         args.vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size, logging_enabled=False)
     cpu_shim.initialize_megatron_on_cpu(args)

@@ -81,7 +81,8 @@ def open_corpus(path: str | Path) -> TokenJsonlDataset | IndexedTokenDataset:
 class PaddedSampleDataset:
     """``TokenJsonlDataset`` samples right-padded to ``seq_length`` (Megatron's fixed shape).
 
-    Items: ``tokens``, ``labels``, ``loss_mask`` (0 on padding) and ``position_ids``;
+    Items: ``tokens``, ``labels``, ``loss_mask`` (0 on padding), ``padding_mask`` (True on padding)
+    and ``position_ids``;
     causal attention needs no mask (right padding never precedes a real token).
     """
 
@@ -108,6 +109,7 @@ class PaddedSampleDataset:
             "tokens": torch.cat([sample["tokens"], filler]),
             "labels": torch.cat([sample["labels"], filler]),
             "loss_mask": torch.cat([torch.ones(length), torch.zeros(pad)]),
+            "padding_mask": torch.arange(self.seq_length) >= length,
             "position_ids": torch.arange(self.seq_length),
         }
 

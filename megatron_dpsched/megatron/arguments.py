@@ -70,8 +70,9 @@ class DPScheduleOptions:
     microbatch_order: str | None
     """``--dp-schedule-microbatch-order``; ``None`` for ``auto``."""
     collate_format: str
-    """``--dp-schedule-collate-format``: micro-batches as padded rows (``bshd``) or packed sequences
-    (``thd`` with ``cu_seqlens``; needs an attention backend that takes ``PackedSeqParams``)."""
+    """``--dp-schedule-collate-format``: micro-batches as packed sequences (``thd`` with ``cu_seqlens``; needs an
+    attention backend that takes ``PackedSeqParams``) or padded rows (``bshd``); validation resolves the
+    default (:func:`default_collate_format`)."""
     balance_growth: float
     """``--dp-schedule-balance-growth``: share of extra micro-batches the planner may spend to balance
     ranks when the token cap keeps them apart (0: never more than one global packing needs)."""
@@ -115,10 +116,12 @@ def add_dp_schedule_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     group.add_argument("--dp-schedule-microbatch-order", choices=ORDER_CHOICES, default=None,
                        help="Micro-batch order within a step (default: auto = pipeline when PP > 1).")
     group.add_argument("--dp-schedule-collate-format", choices=COLLATE_CHOICES, default=None,
-                       help="Micro-batch layout (default: bshd): padded rows with a mask (bshd, any attention "
-                            "backend; rows are padded to the micro-batch's longest sample, so the padded size "
-                            "can exceed the token cap) or packed sequences with cu_seqlens (thd, e.g. "
-                            "Transformer Engine).")
+                       help="Micro-batch layout: packed sequences with cu_seqlens (thd: no padding; needs an "
+                            "attention backend that takes packed sequences: Transformer Engine, or a --spec "
+                            "layer spec) or padded rows (bshd: any attention backend; rows are padded to the "
+                            "micro-batch's longest sample, so the padded size can exceed the token cap). "
+                            "Default: thd with --transformer-impl transformer_engine when Transformer Engine "
+                            "is installed, else bshd.")
     group.add_argument("--dp-schedule-balance-growth", type=float, default=None,
                        help="With --dp-schedule-max-tokens-per-gpu: share (0 to 10) of extra micro-batches per "
                             "step the planner may spend to balance ranks when the token cap keeps them apart "
@@ -184,15 +187,25 @@ def _check_token_cap(options: DPScheduleOptions, args: Any) -> None:
         )
 
 
+def default_collate_format(args: Any) -> str:
+    """``thd`` where the attention backend takes packed sequences (Transformer Engine installed and
+    ``--transformer-impl transformer_engine``), else ``bshd``."""
+    import importlib.util
+
+    engine = getattr(args, "transformer_impl", "transformer_engine") == "transformer_engine"
+    return "thd" if engine and importlib.util.find_spec("transformer_engine") is not None else "bshd"
+
+
 def _check_collate_format(options: DPScheduleOptions, args: Any) -> None:
-    if options.collate_format != "thd":
-        return
-    if getattr(args, "context_parallel_size", 1) > 1:
-        raise ValueError("--dp-schedule-collate-format thd with --context-parallel-size > 1 is not supported "
-                         "yet; use bshd")
-    if getattr(args, "transformer_impl", "transformer_engine") == "local":
+    """Resolve the default layout into ``args``; ``thd`` needs a backend that takes ``PackedSeqParams``."""
+    if getattr(args, "dp_schedule_collate_format", None) is None:
+        args.dp_schedule_collate_format = default_collate_format(args)
+    custom_spec = bool(getattr(args, "spec", None))
+    if args.dp_schedule_collate_format == "thd" and getattr(args, "transformer_impl", None) == "local" \
+            and not custom_spec:
         raise ValueError("--dp-schedule-collate-format thd needs an attention backend that takes packed "
-                         "sequences (Transformer Engine); --transformer-impl local does not")
+                         "sequences: Transformer Engine, or a layer spec given with --spec; --transformer-impl "
+                         "local's attention does not")
 
 
 def _check_pipeline_layout(args: Any) -> None:

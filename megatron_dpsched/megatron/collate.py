@@ -9,15 +9,22 @@ all ones). Two layouts:
   with ``cu_seqlens`` (real lengths) and ``cu_seqlens_*_padded`` (each sample
   padded to ``pad_multiple``, what context / sequence parallelism need);
 * ``bshd`` (padded): one row per sample, right-padded to the longest sample
-  rounded up to ``pad_multiple``, with a boolean ``attention_mask``
-  ``[b, 1, s, s]`` (``True`` = masked, Megatron's convention) that is causal and
-  hides padding.
+  rounded up to ``pad_multiple``. No attention mask: causal attention with right
+  padding never lets a real token see a padding token, so Megatron's causal mask
+  type is enough (no ``[b, 1, s, s]`` tensor per micro-batch).
 
-Padding tokens get ``loss_mask`` 0. An empty micro-batch (a rank with fewer
-samples than the step's micro-batch count) becomes a one-token dummy (padded to
-``pad_multiple``) with zero loss weight, so it adds nothing to the loss, the
-token count or the gradients. Every batch carries ``sample_ids`` (the global
-sample ids, empty for a dummy).
+Padding tokens get ``loss_mask`` 0 and ``padding_mask`` True (what MoE routing
+excludes). An empty micro-batch (a rank with fewer samples than the step's
+micro-batch count) becomes a one-token dummy (padded to ``pad_multiple``) with
+zero loss weight, so it adds nothing to the loss, the token count or the
+gradients. Every batch carries ``sample_ids`` (the global sample ids, empty for
+a dummy).
+
+Context parallelism: :func:`slice_for_context_parallel` keeps, of every sequence
+(a ``bshd`` row, or a ``thd`` segment of ``cu_seqlens_padded``), the two chunks
+of ``2 * CP`` that Megatron's load balancing gives a CP rank (``r`` and
+``2 * CP - 1 - r``); sequences are padded to a multiple of ``2 * CP``
+(:func:`pad_multiple_for`).
 """
 
 from __future__ import annotations
@@ -92,21 +99,17 @@ def collate_micro_batch(
 
 
 def collate_bshd(samples: Sequence[Mapping[str, torch.Tensor]], config: CollateConfig) -> dict[str, object]:
-    """One right-padded row per sample plus a causal-and-padding attention mask."""
+    """One right-padded row per sample; causal attention needs no mask."""
     lengths = [s["tokens"].numel() for s in samples]
     seq = _round_up(max(lengths), config.pad_multiple)
     rows = [_pad_sample(s, seq, config.pad_token_id) for s in samples]
-    valid = torch.zeros(len(samples), seq, dtype=torch.bool)
-    for row, length in enumerate(lengths):
-        valid[row, :length] = True
-    causal = torch.ones(seq, seq, dtype=torch.bool).tril()
-    allowed = causal[None] & valid[:, None, :] & valid[:, :, None]
     return {
         "tokens": torch.stack([r["tokens"] for r in rows]),
         "labels": torch.stack([r["labels"] for r in rows]),
         "loss_mask": torch.stack([r["loss_mask"] for r in rows]),
+        "padding_mask": torch.arange(seq)[None, :] >= torch.tensor(lengths)[:, None],
         "position_ids": torch.arange(seq).expand(len(samples), seq).clone(),
-        "attention_mask": ~allowed[:, None],
+        "attention_mask": None,
     }
 
 
@@ -132,6 +135,7 @@ def collate_thd(samples: Sequence[Mapping[str, torch.Tensor]], config: CollateCo
         "tokens": torch.cat([r["tokens"] for r in rows])[None],
         "labels": torch.cat([r["labels"] for r in rows])[None],
         "loss_mask": torch.cat([r["loss_mask"] for r in rows])[None],
+        "padding_mask": torch.cat([torch.arange(p) >= n for n, p in zip(lengths, padded, strict=True)])[None],
         "position_ids": positions[None],
         "attention_mask": None,
         "packed_seq_params": packed_seq_params(lengths, padded),
@@ -155,3 +159,34 @@ def packed_seq_params(lengths: Sequence[int], padded_lengths: Sequence[int]) -> 
         max_seqlen_q=max(padded_lengths),
         max_seqlen_kv=max(padded_lengths),
     )
+
+
+SEQUENCE_KEYS = ("tokens", "labels", "loss_mask", "padding_mask", "position_ids")
+"""The per-token tensors of a collated micro-batch (``[rows, tokens]``)."""
+
+
+def context_parallel_positions(length: int, cp_size: int, cp_rank: int) -> torch.Tensor:
+    """Positions of a ``length``-token sequence (a multiple of ``2 * cp_size``) that CP rank ``cp_rank`` holds:
+    chunks ``cp_rank`` and ``2 * cp_size - 1 - cp_rank`` of ``2 * cp_size``."""
+    if length % (2 * cp_size):
+        raise ValueError(f"a sequence of {length} tokens cannot be split in 2 x {cp_size} chunks; "
+                         f"collate must pad it to a multiple of {2 * cp_size}")
+    chunk = length // (2 * cp_size)
+    first = torch.arange(cp_rank * chunk, (cp_rank + 1) * chunk)
+    second = torch.arange((2 * cp_size - 1 - cp_rank) * chunk, (2 * cp_size - cp_rank) * chunk)
+    return torch.cat([first, second])
+
+
+def slice_for_context_parallel(batch: Mapping[str, object], *, cp_size: int, cp_rank: int) -> dict[str, object]:
+    """This CP rank's tokens of a collated micro-batch (``PackedSeqParams`` keep the whole sequences)."""
+    if cp_size == 1:
+        return dict(batch)
+    params = batch.get("packed_seq_params")
+    if params is None:
+        index = context_parallel_positions(batch["tokens"].size(1), cp_size, cp_rank)
+    else:
+        bounds = params.cu_seqlens_q_padded.tolist()
+        index = torch.cat([start + context_parallel_positions(stop - start, cp_size, cp_rank)
+                           for start, stop in zip(bounds[:-1], bounds[1:])])
+    sliced = {key: batch[key].index_select(1, index) for key in SEQUENCE_KEYS if batch.get(key) is not None}
+    return {**batch, **sliced}

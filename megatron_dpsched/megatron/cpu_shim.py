@@ -13,6 +13,9 @@ What :func:`install` changes (all undone by :func:`uninstall`):
   ``Tensor.cuda()`` into a no-op and ``Tensor.to("cuda")`` into ``.to("cpu")``,
   and makes ``Tensor.type()`` answer ``torch.cuda.<Type>`` (the optimizer and
   grad-clipping code compare against those names);
+* ``pin_memory`` requests are dropped; ``torch.cuda.get_device_capability`` /
+  ``get_device_properties`` describe a Hopper-generation device (what Megatron's
+  argument validation asks before TP/CP stream settings);
 * ``torch.cuda.synchronize`` / ``set_device`` / ``empty_cache`` are no-ops,
   ``current_device`` returns 0, ``Stream`` / ``current_stream`` / ``stream`` /
   ``Event`` are inert stand-ins, ``get_rng_state`` / ``set_rng_state`` use the
@@ -31,6 +34,7 @@ which only builds the model-parallel groups when it sees a device.
 from __future__ import annotations
 
 import contextlib
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -75,8 +79,10 @@ class CudaToCpuMode(TorchFunctionMode):
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None):
         kwargs = kwargs or {}
-        if func is torch.Tensor.cuda:
+        if func is torch.Tensor.cuda or func is torch.Tensor.pin_memory:
             return args[0]
+        if kwargs.get("pin_memory"):  # pinned host memory needs a CUDA driver
+            kwargs = {**kwargs, "pin_memory": False}
         if func is torch.Tensor.type and len(args) == 1 and not kwargs:
             return _cuda_type_name(args[0])
         if func is torch.Tensor.to:
@@ -85,13 +91,19 @@ class CudaToCpuMode(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+_CPU_DEVICE_PROPERTIES = types.SimpleNamespace(name="cpu dry run", major=9, minor=0, total_memory=0,
+                                               multi_processor_count=1)
+
+
 class _InertStream:
     """Stand-in for ``torch.cuda.Stream`` / ``Event``: every method is a no-op."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         pass
 
-    def __getattr__(self, name: str) -> Callable[..., None]:
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        if name == "record_event":  # callers wait on the event it returns
+            return lambda *args, **kwargs: _InertStream()
         return lambda *args, **kwargs: None
 
     def query(self) -> bool:
@@ -112,6 +124,9 @@ def _cuda_replacements() -> dict[str, Any]:
         "get_rng_state": lambda *a, **k: torch.get_rng_state(),
         "set_rng_state": lambda state, *a, **k: torch.set_rng_state(state),
         "manual_seed": lambda *a, **k: None,
+        # Megatron's argument validation asks for the GPU generation (TP/CP stream settings): answer Hopper
+        "get_device_capability": lambda *a, **k: (9, 0),
+        "get_device_properties": lambda *a, **k: _CPU_DEVICE_PROPERTIES,
     }
 
 

@@ -75,7 +75,6 @@ def test_validation_turns_on_per_token_loss_and_variable_lengths_under_pp() -> N
      "--dp-schedule-balance-growth"),
     ((), {"full_validation": True}, "--full-validation"),
     ((), {"moe_expert_rank_capacity_factor": 1.0}, "--moe-expert-rank-capacity-factor"),
-    (("--dp-schedule-collate-format", "thd"), {"context_parallel_size": 2}, "--dp-schedule-collate-format thd"),
     (("--dp-schedule-collate-format", "thd"), {"transformer_impl": "local"}, "--transformer-impl local"),
 ])
 def test_bad_flags_fail_naming_the_flag(argv: tuple, overrides: dict, flag: str) -> None:
@@ -134,6 +133,21 @@ def test_a_vpp_group_without_vpp_is_ignored_as_megatron_ignores_it(monkeypatch: 
     kwargs = schedule_kwargs_from_args(args, data_parallel_size=1)
     assert kwargs["microbatch_group_size_per_vp_stage"] is None and kwargs["pp_size"] == 2
     assert build_dp_schedule(list(harness.LENGTHS[:8]), **kwargs).num_microbatches == (1,)  # 31 tokens, cap 40
+
+
+def test_thd_is_accepted_with_a_layer_spec_and_the_default_follows_the_backend() -> None:
+    args = _args("--dp-schedule-collate-format", "thd", transformer_impl="local", spec=["my.module", "spec"])
+    validate_dp_schedule_args(args)
+    assert args.dp_schedule_collate_format == "thd"
+    local = _args(transformer_impl="local")
+    validate_dp_schedule_args(local)
+    assert local.dp_schedule_collate_format == "bshd"
+    engine = _args(transformer_impl="transformer_engine")
+    validate_dp_schedule_args(engine)
+    import importlib.util
+
+    has_te = importlib.util.find_spec("transformer_engine") is not None
+    assert engine.dp_schedule_collate_format == ("thd" if has_te else "bshd")
 
 
 def test_validation_is_a_no_op_without_dp_schedule() -> None:
@@ -198,15 +212,32 @@ def _sample(length: int, start: int = 1) -> dict[str, torch.Tensor]:
     return {"tokens": tokens, "labels": tokens + 1}
 
 
-def test_bshd_pads_right_and_masks_padding_and_the_future() -> None:
+def test_bshd_pads_right_and_needs_no_attention_mask() -> None:
     batch = collate_micro_batch([_sample(3), _sample(5)], [7, 9], CollateConfig(format="bshd", pad_multiple=4))
     assert batch["tokens"].shape == (2, 8)
     assert batch["loss_mask"].sum(dim=1).tolist() == [3.0, 5.0]
-    mask = batch["attention_mask"]
-    assert mask.shape == (2, 1, 8, 8) and mask.dtype == torch.bool
-    assert not mask[0, 0, 2, :3].any() and mask[0, 0, 2, 3:].all()  # real token sees its past only
-    assert mask[0, 0, 1, 2]  # causal
+    assert batch["attention_mask"] is None  # causal + right padding: no real token sees padding
+    assert batch["padding_mask"].tolist() == [[False] * 3 + [True] * 5, [False] * 5 + [True] * 3]
+    assert batch["tokens"][0, :3].tolist() == [1, 2, 3] and batch["tokens"][0, 3:].tolist() == [0] * 5
     assert batch["sample_ids"].tolist() == [7, 9]
+
+
+def test_context_parallel_slices_keep_each_sequences_balanced_chunks() -> None:
+    from megatron_dpsched.megatron.collate import slice_for_context_parallel
+
+    thd = collate_micro_batch([_sample(3, start=10), _sample(7, start=20)], [0, 1],
+                              CollateConfig(format="thd", pad_multiple=4))
+    assert thd["packed_seq_params"].cu_seqlens_q_padded.tolist() == [0, 4, 12]
+    ranks = [slice_for_context_parallel(thd, cp_size=2, cp_rank=r) for r in range(2)]
+    # sequence 1: tokens 10 11 12 <pad>, chunks of 1: rank 0 keeps 0 and 3, rank 1 keeps 1 and 2
+    # sequence 2: tokens 20..26 <pad>, chunks of 2: rank 0 keeps 0-1 and 6-7, rank 1 keeps 2-5
+    assert ranks[0]["tokens"].tolist() == [[10, 0, 20, 21, 26, 0]]
+    assert ranks[1]["tokens"].tolist() == [[11, 12, 22, 23, 24, 25]]
+    assert ranks[0]["loss_mask"].tolist() == [[1, 0, 1, 1, 1, 0]]
+    assert ranks[1]["position_ids"].tolist() == [[1, 2, 2, 3, 4, 5]]
+    assert ranks[0]["packed_seq_params"] is thd["packed_seq_params"]  # whole sequences for the attention
+    bshd = collate_micro_batch([_sample(4, start=1)], [0], CollateConfig(format="bshd", pad_multiple=4))
+    assert slice_for_context_parallel(bshd, cp_size=2, cp_rank=1)["tokens"].tolist() == [[2, 3]]
 
 
 def test_thd_packs_with_cu_seqlens_and_per_sequence_padding() -> None:
