@@ -151,6 +151,12 @@ class DPSchedule:
 
         return schedule_stats(self)
 
+    def step_stats(self, step: int) -> Any:
+        """Figures of step ``step`` alone (:class:`~megatron_dpsched.core.stats.StepStats`)."""
+        from megatron_dpsched.core.stats import step_stats
+
+        return step_stats(self, step)
+
     def to_dict(self) -> dict[str, Any]:
         """A dict that ``json.dumps`` takes when group ids are strings, numbers or tuples of them
         (NumPy scalars are stored as Python numbers); :meth:`from_dict` rebuilds an equal schedule."""

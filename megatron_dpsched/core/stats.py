@@ -53,10 +53,11 @@ class StepStats:
 
 def schedule_stats(schedule: DPSchedule) -> list[StepStats]:
     """Figures for every step of ``schedule``."""
-    return [_step_stats(schedule, step) for step in range(schedule.num_steps)]
+    return [step_stats(schedule, step) for step in range(schedule.num_steps)]
 
 
-def _step_stats(schedule: DPSchedule, step: int) -> StepStats:
+def step_stats(schedule: DPSchedule, step: int) -> StepStats:
+    """Figures for step ``step`` of ``schedule``."""
     config, lengths, costs = schedule.config, schedule.lengths, schedule.costs
     per_rank = [schedule.rank_step_micro_batches(r, step) for r in range(schedule.dp_size)]
     rank_tokens = tuple(sum(lengths[i] for mb in rank for i in mb) for rank in per_rank)

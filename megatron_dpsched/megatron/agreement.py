@@ -84,5 +84,6 @@ def log_first_step(feed: StepFeed, step: StepBatches, *, print_fn: Any = print) 
         return
     verb = "resumes" if feed.start_position else "starts"
     print_fn(f"dp-schedule: {feed.name} feed {verb} at step {step.step} (consumed_samples={feed.start_position}); "
-             f"{step.num_microbatches} micro-batches per rank, plan fingerprint {step.fingerprint:#018x}",
-             flush=True)
+             f"{step.num_microbatches} micro-batches per rank, plan fingerprint {step.fingerprint:#018x}. "
+             f"Megatron's constant 'number of microbatches' is only its sample-accounting unit here: each step "
+             f"runs its plan's count (logged as 'dp-schedule step ...: micro-batches per rank')", flush=True)

@@ -1,4 +1,4 @@
-"""The three hook functions Megatron's training loop calls for ``--dp-schedule``.
+"""The hook functions Megatron's training loop calls for ``--dp-schedule``.
 
 Both integrations call exactly these functions, so they behave the same:
 
@@ -31,8 +31,15 @@ The hooks:
    ``consumed_train_samples`` grow by exactly the samples the step trained.
    Outside that window it is Megatron's calculator, so ``train()``'s
    "micro-batches never decrease" assert keeps seeing the constant count.
+   It also feeds the step's real sample lengths to Megatron's
+   ``update_seqlen_stats_from_cu_seqlens``, so the logged TFLOP/s count real tokens.
 3. :func:`on_update_num_microbatches` closes that window; Megatron calls it
    right before ``update_num_microbatches``.
+4. :func:`microbatches_run` is the scale of the auxiliary losses (MoE, MTP, DSA
+   indexer) that ``training_log`` sums over a step's micro-batches: the micro-batches
+   the step really ran, where Megatron divides by ``get_num_microbatches()``.
+5. :func:`on_training_log` writes the plan's figures of the step just trained
+   (TensorBoard / W&B under ``dp-schedule/``, and the text log), after ``training_log``.
 
 No plan is computed here: the plan comes from the data iterator's feed
 (:mod:`megatron_dpsched.megatron.iterator`).
@@ -41,6 +48,7 @@ No plan is computed here: the plan comes from the data iterator's feed
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -51,6 +59,7 @@ from megatron_dpsched.megatron.iterator import StepBatches, StepFeed
 _GROUP_FLAG = "--microbatch-group-size-per-virtual-pipeline-stage"
 
 _active_step: StepBatches | None = None
+_active_feed: StepFeed | None = None
 
 
 # --- the hooks -------------------------------------------------------------------------------
@@ -74,8 +83,27 @@ def num_microbatches() -> int:
 
 def on_update_num_microbatches() -> None:
     """Hook 3: the scheduled step is over (Megatron is about to update its micro-batch calculator)."""
-    global _active_step
-    _active_step = None
+    global _active_step, _active_feed
+    _active_step = _active_feed = None
+
+
+def microbatches_run() -> int:
+    """Hook 4: micro-batches this rank ran in the active scheduled step (``get_num_microbatches()``
+    outside one); the scale of the MoE/MTP/indexer losses Megatron sums over a step's micro-batches."""
+    if _active_step is None:
+        from megatron.core.num_microbatches_calculator import get_num_microbatches
+
+        return get_num_microbatches()
+    return _active_step.num_microbatches
+
+
+def on_training_log(iteration: int) -> None:
+    """Hook 5: after Megatron's ``training_log`` for ``iteration``, the plan's figures of the step just
+    trained (:mod:`~megatron_dpsched.megatron.step_log`)."""
+    if _active_step is not None and _active_feed is not None:
+        from megatron_dpsched.megatron.step_log import log_step
+
+        log_step(_active_step, _active_feed.collate, iteration=iteration)
 
 
 def active_step() -> StepBatches | None:
@@ -110,7 +138,7 @@ def scheduled_forward_backward(forward_backward_func: Callable[..., Any]) -> Cal
             log_first_step(feed, step)
         check_interleaved_count(step.num_microbatches, kwargs["model"])
         if not kwargs.get("forward_only", False):
-            _open_step(step)
+            _open_step(feed, step, count_tokens=not replay)
         result = forward_backward_func(**{**kwargs, "num_microbatches": step.num_microbatches})
         if not replay:
             feed.end_step()
@@ -177,10 +205,23 @@ def check_interleaved_count(num_microbatches: int, model: Any) -> None:
 # --- 2./3. the accounting window -------------------------------------------------------------
 
 
-def _open_step(step: StepBatches) -> None:
-    global _active_step
+def _open_step(feed: StepFeed, step: StepBatches, *, count_tokens: bool) -> None:
+    global _active_step, _active_feed
     _accounting_count(step)  # fail before training if the count is not expressible
-    _active_step = step
+    _active_step, _active_feed = step, feed
+    if count_tokens:
+        count_real_tokens(feed, step)
+
+
+def count_real_tokens(feed: StepFeed, step: StepBatches) -> None:
+    """Feed this rank's real sample lengths to Megatron's per-iteration sequence statistics, so its
+    TFLOP/s count the real tokens (``sum L`` and ``sum L**2``), not ``global batch x --seq-length``."""
+    import torch
+    from megatron.training import training
+
+    lengths = [feed.planned_length(i) for mb in step.micro_batches for i in mb] or [0]
+    # every rank calls it, a rank without samples too: Megatron then all-reduces the sums over the job
+    training.update_seqlen_stats_from_cu_seqlens(torch.tensor([0, *itertools.accumulate(lengths)]))
 
 
 def _accounting_count(step: StepBatches) -> int:

@@ -29,9 +29,10 @@ naming the sample, both lengths, the step and the rank); and (in
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from megatron_dpsched.core import DPSchedule, ScheduleConfig, ScheduleInvariantError, plan_schedule
@@ -54,6 +55,12 @@ class StepBatches:
     """Samples trained in the step over all data-parallel ranks (the LR-scheduler increment)."""
     fingerprint: int
     """63-bit hash of the whole step's plan (all ranks' parts); every rank of the job must hold the same."""
+    plan: DPSchedule | None = field(default=None, compare=False, repr=False)
+    """The plan holding the step (every rank's part), for the step's figures in the logs."""
+    plan_step: int = field(default=0, compare=False)
+    """The step's index in ``plan``."""
+    plan_seconds: float = field(default=0.0, compare=False)
+    """Wall time spent planning the step on this rank (not part of equality)."""
 
     @property
     def num_microbatches(self) -> int:
@@ -270,6 +277,8 @@ class ScheduledDataIterator(StepFeed):
             micro_batches=self.schedule.rank_step_micro_batches(self.rank, step),
             num_samples=self.schedule.step_num_samples[step],
             fingerprint=self.schedule.step_fingerprint(step),
+            plan=self.schedule,
+            plan_step=step,
         )
 
 
@@ -333,7 +342,9 @@ class ScheduledDatasetLoader(StepFeed):
         if consumed_samples >= total:
             raise StopIteration(f"all {total} samples consumed")
         stop = min(consumed_samples + self.global_batch_size, total)
+        start_time = time.perf_counter()
         plan = plan_schedule(self.lengths[consumed_samples:stop], config=self.config, cost_model=self.cost_model)
+        seconds = time.perf_counter() - start_time
         assert plan.num_steps == 1, "one global batch plans as one step"
         local = plan.rank_step_micro_batches(self.rank, 0)
         batches = StepBatches(
@@ -341,6 +352,8 @@ class ScheduledDatasetLoader(StepFeed):
             micro_batches=tuple(tuple(consumed_samples + i for i in mb) for mb in local),
             num_samples=plan.step_num_samples[0],
             fingerprint=plan.step_fingerprint(0, first_sample=consumed_samples),
+            plan=plan,
+            plan_seconds=seconds,
         )
         return batches, plan
 

@@ -14,6 +14,11 @@ logic lives here.
 2. ``get_num_microbatches``: becomes :func:`~megatron_dpsched.megatron.hooks.num_microbatches`.
 3. ``update_num_microbatches``: calls
    :func:`~megatron_dpsched.megatron.hooks.on_update_num_microbatches`, then the original.
+4. ``get_moe_metrics_tracker``, ``MTPLossLoggingHelper``, ``DSAIndexerLossLoggingHelper``:
+   the objects ``training_log`` reports auxiliary losses through, with their ``loss_scale``
+   replaced by ``1 / hooks.microbatches_run()`` (``training_log`` divides by
+   ``get_num_microbatches()``, which during a scheduled step counts samples, not micro-batches).
+5. ``training_log``: the original, then :func:`~megatron_dpsched.megatron.hooks.on_training_log`.
 
 ``check_megatron()`` verifies that ``train``, ``train_step`` and ``evaluate``
 still use these names the way this module expects and raises
@@ -38,11 +43,14 @@ from megatron_dpsched.megatron.hooks import (  # noqa: F401 - re-exported for ca
 )
 
 _TARGET = "megatron.training.training"
-_PATCHED = ("get_forward_backward_func", "get_num_microbatches", "update_num_microbatches")
+_PATCHED = ("get_forward_backward_func", "get_num_microbatches", "update_num_microbatches",
+            "get_moe_metrics_tracker", "MTPLossLoggingHelper", "DSAIndexerLossLoggingHelper", "training_log")
 _EXPECTED_USES = {
-    "train": ("get_forward_backward_func", "get_num_microbatches", "update_num_microbatches", "train_step"),
+    "train": ("get_forward_backward_func", "get_num_microbatches", "update_num_microbatches", "train_step",
+              "training_log"),
     "train_step": ("get_num_microbatches",),
     "evaluate": ("get_forward_backward_func",),
+    "training_log": ("get_moe_metrics_tracker", "MTPLossLoggingHelper", "DSAIndexerLossLoggingHelper"),
 }
 _originals: dict[str, Any] = {}
 
@@ -82,6 +90,11 @@ def enable() -> None:
         "get_forward_backward_func": _get_forward_backward_func,
         "get_num_microbatches": hooks.num_microbatches,
         "update_num_microbatches": _update_num_microbatches,
+        "get_moe_metrics_tracker": _get_moe_metrics_tracker,
+        "MTPLossLoggingHelper": _ScaledByMicroBatchesRun(module.MTPLossLoggingHelper, "track_mtp_metrics"),
+        "DSAIndexerLossLoggingHelper": _ScaledByMicroBatchesRun(module.DSAIndexerLossLoggingHelper,
+                                                                "track_indexer_metrics"),
+        "training_log": _training_log,
     }
     for name, replacement in replacements.items():
         _originals[name] = getattr(module, name)
@@ -117,3 +130,35 @@ def _get_forward_backward_func(*args: Any, **kwargs: Any) -> Callable[..., Any]:
 def _update_num_microbatches(*args: Any, **kwargs: Any) -> None:
     hooks.on_update_num_microbatches()
     return _originals["update_num_microbatches"](*args, **kwargs)
+
+
+def _get_moe_metrics_tracker(*args: Any, **kwargs: Any) -> Any:
+    return _ScaledByMicroBatchesRun(_originals["get_moe_metrics_tracker"](*args, **kwargs), "report")
+
+
+def _training_log(*args: Any, **kwargs: Any) -> Any:
+    result = _originals["training_log"](*args, **kwargs)
+    hooks.on_training_log(kwargs["iteration"] if "iteration" in kwargs else args[3])
+    return result
+
+
+class _ScaledByMicroBatchesRun:
+    """``target`` whose ``method`` gets ``loss_scale = 1 / hooks.microbatches_run()`` (first argument)."""
+
+    def __init__(self, target: Any, method: str) -> None:
+        self._target, self._method = target, method
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._target, name)
+        if name != self._method:
+            return attribute
+
+        def scaled(*args: Any, **kwargs: Any) -> Any:
+            scale = 1 / hooks.microbatches_run()
+            if "loss_scale" in kwargs:
+                kwargs["loss_scale"] = scale
+            else:
+                args = (scale, *args[1:])
+            return attribute(*args, **kwargs)
+
+        return scaled

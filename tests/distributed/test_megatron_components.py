@@ -316,7 +316,7 @@ def test_loader_matches_the_whole_plan_and_resumes_mid_way() -> None:
 def test_a_rerun_replays_the_same_step_instead_of_advancing(monkeypatch: pytest.MonkeyPatch) -> None:
     from megatron.core.rerun_state_machine import RerunDataIterator
 
-    monkeypatch.setattr("megatron_dpsched.megatron.hooks._open_step", lambda step: None)
+    monkeypatch.setattr("megatron_dpsched.megatron.hooks._open_step", lambda feed, step, count_tokens: None)
     feed = ScheduledDataIterator(_schedule(), rank=0, samples=harness.make_sample)
     wrapped = RerunDataIterator(feed.chunks[0])
     seen = []

@@ -96,7 +96,8 @@ def test_every_changed_line_is_a_marked_hook_call() -> None:
     assert added and all(line.rstrip().endswith(MARK) and "dpsched_hooks" in line for line in added)
     assert all("get_num_microbatches()" in line for line in removed)
     called = set(re.findall(r"dpsched_hooks\.(\w+)\(", PATCH.read_text()))
-    assert called == {"forward_backward_func", "num_microbatches", "on_update_num_microbatches"}
+    assert called == {"forward_backward_func", "num_microbatches", "on_update_num_microbatches", "microbatches_run",
+                      "on_training_log"}
     assert all(callable(getattr(hooks, name)) for name in called)
 
 
