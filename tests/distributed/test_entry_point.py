@@ -28,7 +28,8 @@ def test_pipeline_with_virtual_stages_trains_and_evaluates(tmp_path: Path) -> No
             "--num-layers-per-virtual-pipeline-stage", "1", "--global-batch-size", "8", "--train-iters", "2",
             "--eval-interval", "2", "--eval-iters", "1", "--lr", "1e-3", "--dp-schedule",
             "--dp-schedule-max-tokens-per-gpu", "48", "--dp-schedule-verify", "strict",
-            "--step-stats-dir", str(tmp_path / "stats")]
+            "--step-stats-dir", str(tmp_path / "stats"), "--tensorboard-dir", str(tmp_path / "tb"),
+            "--tensorboard-log-interval", "1", "--log-throughput"]
     proc = torchrun(argv, nproc=2)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, errors(log)
@@ -40,3 +41,25 @@ def test_pipeline_with_virtual_stages_trains_and_evaluates(tmp_path: Path) -> No
     counts = {r["step"]: r["micro_batches"] for r in records if "micro_batches" in r}
     assert sorted(counts) == [0, 1], counts
     assert all(count >= 2 for count in counts.values())  # interleaved schedule: at least the group of PP=2
+    assert "dp-schedule step 0: micro-batches per rank" in log and "throughput per GPU (TFLOP/s/GPU)" in log
+    _assert_tensorboard_holds_the_plan_figures(tmp_path / "tb", records)
+
+
+def _assert_tensorboard_holds_the_plan_figures(folder: Path, records: list[dict]) -> None:
+    """The ``dp-schedule/`` scalars of the event file equal what the ranks measured while training."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    expected = {"dp-schedule/" + name for name in ("micro-batches", "tokens-per-rank-min", "tokens-per-rank-mean",
+                                                    "tokens-per-rank-max", "imbalance", "token-imbalance", "padding",
+                                                    "empty-micro-batches", "plan-seconds")}
+    assert expected <= tags, tags
+    by_iteration = {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in expected}
+    for step in (0, 1):  # iteration step + 1 logs step `step`; one pipeline stage's records are the DP rank's
+        measured = [r for r in records if r["step"] == step and r["pp_rank"] == 0]
+        assert by_iteration["dp-schedule/micro-batches"][step + 1] == measured[0]["micro_batches"]
+        assert by_iteration["dp-schedule/tokens-per-rank-max"][step + 1] == max(r["tokens"] for r in measured)
+        padding = 1 - sum(r["tokens"] for r in measured) / sum(r["padded_tokens"] for r in measured)
+        assert abs(by_iteration["dp-schedule/padding"][step + 1] - padding) < 1e-6
