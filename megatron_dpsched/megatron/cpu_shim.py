@@ -13,7 +13,9 @@ What :func:`install` changes (all undone by :func:`uninstall`):
   ``Tensor.cuda()`` into a no-op and ``Tensor.to("cuda")`` into ``.to("cpu")``,
   and makes ``Tensor.type()`` answer ``torch.cuda.<Type>`` (the optimizer and
   grad-clipping code compare against those names);
-* ``pin_memory`` requests are dropped; ``torch.cuda.get_device_capability`` /
+* ``pin_memory`` requests are dropped; ``all_to_all_single`` split sizes given as
+  tensors become lists (gloo needs them so; on a GPU MoE dispatch passes NumPy copies);
+  ``torch.cuda.get_device_capability`` /
   ``get_device_properties`` describe a Hopper-generation device (what Megatron's
   argument validation asks before TP/CP stream settings);
 * ``torch.cuda.synchronize`` / ``set_device`` / ``empty_cache`` are no-ops,
@@ -70,6 +72,13 @@ def _to_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
                  for i, a in enumerate(args))
 
 
+def _list_split_sizes(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Split sizes as lists: on a GPU MoE dispatch hands NumPy copies of them, on the host the tensors
+    themselves, which gloo's ``all_to_all_single`` does not take."""
+    return {key: value.tolist() if key.endswith("split_sizes") and isinstance(value, torch.Tensor) else value
+            for key, value in kwargs.items()}
+
+
 def _cuda_type_name(tensor: torch.Tensor) -> str:
     return tensor.type().replace("torch.", "torch.cuda.", 1)
 
@@ -87,6 +96,8 @@ class CudaToCpuMode(TorchFunctionMode):
             return _cuda_type_name(args[0])
         if func is torch.Tensor.to:
             args = _to_args(args)
+        if func is torch.distributed.all_to_all_single:
+            kwargs = _list_split_sizes(kwargs)
         args, kwargs = _map_device_args(args, kwargs)
         return func(*args, **kwargs)
 
