@@ -119,17 +119,15 @@ def parse_arguments(dry_run: bool) -> argparse.Namespace:
 # --- model ------------------------------------------------------------------------------------
 
 
-def layer_spec(args: argparse.Namespace) -> Any:
+def layer_spec(args: argparse.Namespace, *, config: Any, vp_stage: int | None) -> Any:
     """``--spec MODULE NAME`` (a layer spec, or a function returning one), else the Transformer Engine
     layer spec with ``--transformer-impl transformer_engine``, else Megatron's local one."""
     from megatron.core.models.gpt import gpt_layer_specs as specs
-    from megatron.core.transformer.spec_utils import ModuleSpec, import_module
+
+    from megatron_dpsched.megatron.spec import import_layer_spec
 
     if args.spec:
-        spec = import_module(args.spec)
-        if spec is None:
-            raise ValueError(f"--spec {' '.join(args.spec)}: cannot import it")
-        return spec if isinstance(spec, ModuleSpec) else spec()
+        return import_layer_spec(args.spec, config=config, vp_stage=vp_stage)
     options = {"num_experts": args.num_experts, "moe_grouped_gemm": args.moe_grouped_gemm,
                "qk_layernorm": args.qk_layernorm}
     if args.transformer_impl == "transformer_engine":
@@ -145,9 +143,10 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     from megatron.training.global_vars import get_args
 
     args = get_args()
+    config = config or core_transformer_config_from_args(args)
     return GPTModel(
-        config=config or core_transformer_config_from_args(args),
-        transformer_layer_spec=layer_spec(args),
+        config=config,
+        transformer_layer_spec=layer_spec(args, config=config, vp_stage=vp_stage),
         vocab_size=args.padded_vocab_size,
         max_sequence_length=args.max_position_embeddings,
         pre_process=pre_process,

@@ -94,7 +94,7 @@ class PackedCoreAttention(MegatronModule):
         """Every CP rank's part of ``tensor`` (gradients flow back to their owners)."""
         if cp_size == 1:
             return [tensor]
-        return list(torch.distributed.nn.functional.all_gather(tensor.contiguous(), group=self.cp_group))
+        return list(_AllGather.apply(tensor.contiguous(), self.cp_group))
 
     def _rows(self, query: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], *, cp_size: int,
               cp_rank: int) -> torch.Tensor:
@@ -120,18 +120,75 @@ class PackedCoreAttention(MegatronModule):
         return context.reshape(context.size(0), -1)
 
 
-def gpt_layer_spec() -> Any:
+class _AllGather(torch.autograd.Function):
+    """Differentiable all-gather over a sub-group (each rank's gradient is the sum over the group's ranks)."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, group: Any) -> tuple[torch.Tensor, ...]:
+        ctx.group = group
+        parts = [torch.empty_like(tensor) for _ in range(group.size())]
+        torch.distributed.all_gather(parts, tensor, group=group)
+        return tuple(parts)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor, None]:
+        like = next(g for g in grads if g is not None)
+        stacked = torch.stack([torch.zeros_like(like) if g is None else g for g in grads])
+        torch.distributed.all_reduce(stacked, group=ctx.group)
+        return stacked[ctx.group.rank()], None
+
+
+class SequenceParallelNorm:
+    """Torch ``LayerNorm`` / ``RMSNorm`` that works under sequence parallelism (test-only stand-in).
+
+    Megatron's torch norm refuses ``--sequence-parallel`` (Transformer Engine's and Apex's norms
+    take it); this one marks its parameters ``sequence_parallel`` so that Megatron all-reduces their
+    gradients over the tensor-parallel group, as it does for those norms.
+    """
+
+    def __new__(cls, config: Any, hidden_size: int, eps: float = 1e-5, **_: Any) -> torch.nn.Module:
+        norms = {"LayerNorm": torch.nn.LayerNorm, "RMSNorm": torch.nn.RMSNorm}
+        if config.normalization not in norms:
+            raise ValueError(f"--normalization {config.normalization}: the CPU stand-in has {sorted(norms)}")
+        norm = norms[config.normalization](normalized_shape=hidden_size, eps=eps)
+        for param in norm.parameters():
+            param.sequence_parallel = config.sequence_parallel
+        return norm
+
+
+def _replace_norms(submodules: Any, norm: type, names: tuple[str, ...]) -> Any:
+    """``submodules`` with Megatron's torch norm replaced by ``norm`` in the fields ``names``."""
+    import dataclasses
+
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    return dataclasses.replace(submodules, **{name: norm for name in names
+                                               if getattr(submodules, name) is WrappedTorchNorm})
+
+
+def gpt_layer_spec(config: Any = None, vp_stage: int | None = None) -> Any:
     """Megatron's local GPT layer spec (``--num-experts``, ``--qk-layernorm`` ... from the args) with
-    :class:`PackedCoreAttention` as core attention; for ``--spec``."""
+    :class:`PackedCoreAttention` as core attention and :class:`SequenceParallelNorm` norms; for ``--spec``.
+
+    Given the model's ``config`` (and ``vp_stage``), the spec of this stage's whole block, so that the
+    final norm is the stand-in norm too (needed with ``--sequence-parallel``).
+    """
     import dataclasses
 
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
     from megatron.training.global_vars import get_args
 
     args = get_args()
     spec = get_gpt_layer_local_spec(num_experts=args.num_experts, moe_grouped_gemm=args.moe_grouped_gemm,
                                     qk_layernorm=args.qk_layernorm, normalization=args.normalization)
     attention = spec.submodules.self_attention
-    attention = dataclasses.replace(
-        attention, submodules=dataclasses.replace(attention.submodules, core_attention=PackedCoreAttention))
-    return dataclasses.replace(spec, submodules=dataclasses.replace(spec.submodules, self_attention=attention))
+    inner = _replace_norms(attention.submodules, SequenceParallelNorm, ("q_layernorm", "k_layernorm"))
+    inner = dataclasses.replace(inner, core_attention=PackedCoreAttention)
+    attention = dataclasses.replace(attention, submodules=inner)
+    layer = _replace_norms(spec.submodules, SequenceParallelNorm, ("input_layernorm", "pre_mlp_layernorm"))
+    spec = dataclasses.replace(spec, submodules=dataclasses.replace(layer, self_attention=attention))
+    if config is None:
+        return spec
+    return TransformerBlockSubmodules(layer_specs=[spec] * get_num_layers_to_build(config, vp_stage=vp_stage),
+                                      layer_norm=SequenceParallelNorm)

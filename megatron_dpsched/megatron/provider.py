@@ -119,9 +119,6 @@ def build_feed(
     kwargs = schedule_kwargs_from_args(args, data_parallel_size=mpu.get_data_parallel_world_size())
     if role != "train":
         kwargs["global_batch_size"] = getattr(args, "eval_global_batch_size", None) or args.global_batch_size
-    multiple = pad_multiple_for(tensor_parallel_size=args.tensor_model_parallel_size,
-                                context_parallel_size=args.context_parallel_size,
-                                sequence_parallel=args.sequence_parallel)
     return ScheduledDatasetLoader(
         dataset,
         lengths=lengths,
@@ -129,10 +126,18 @@ def build_feed(
         schedule_kwargs=kwargs,
         consumed_samples=_start_of(role, args),
         num_chunks=args.virtual_pipeline_model_parallel_size or 1,
-        collate=CollateConfig(format=DPScheduleOptions.from_args(args).collate_format, pad_multiple=multiple),
+        collate=collate_config_from_args(args),
         verify=DPScheduleOptions.from_args(args).verify,
         name=role,
     )
+
+
+def collate_config_from_args(args: Any) -> CollateConfig:
+    """``--dp-schedule-collate-format`` with the sequence multiple the TP/SP/CP layout needs."""
+    multiple = pad_multiple_for(tensor_parallel_size=args.tensor_model_parallel_size,
+                                context_parallel_size=args.context_parallel_size,
+                                sequence_parallel=args.sequence_parallel)
+    return CollateConfig(format=DPScheduleOptions.from_args(args).collate_format, pad_multiple=multiple)
 
 
 def _warn_if_nothing_was_loaded(args: Any) -> None:

@@ -20,6 +20,10 @@ LAUNCHES: dict[str, tuple[int, tuple[str, ...]]] = {
                    "dp2_ranks_reordered", "dp2_ranks_larger", "pp2_ranks_reordered")),
     "world4": (4, ("dp2_pp2",)),
     "world1": (1, ("reference",)),
+    "layouts2": (2, ("thd_dp2", "bshd_dp2_rope", "thd_pp2", "thd_pp2_vpp2", "thd_tp2_sp", "tp2", "tp2_sp",
+                     "cp2_bshd", "cp2_thd", "dp2_distributed_optimizer", "dp2_bf16")),
+    "layouts4": (4, ("dp2_tp2", "dp2_cp2_thd")),
+    "references": (1, ("reference_rope", "reference_adam", "reference_bf16")),
 }
 LAUNCH_TIMEOUT_S = 600
 

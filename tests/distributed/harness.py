@@ -38,6 +38,10 @@ def make_sample(sample_id: int) -> dict[str, torch.Tensor]:
     return {"tokens": seq[:-1], "labels": seq[1:]}
 
 
+STAND_IN_SPEC = ("megatron_dpsched.megatron.cpu_attention", "gpt_layer_spec")
+"""The test-only layer spec: packed / context-parallel core attention and sequence-parallel norms."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Layout:
     """A parallel layout to run."""
@@ -45,14 +49,30 @@ class Layout:
     tp: int = 1
     pp: int = 1
     vpp: int = 1
+    cp: int = 1
+    """``--context-parallel-size``."""
+    ep: int = 1
+    """``--expert-model-parallel-size``."""
+    sequence_parallel: bool = False
     group: int | None = None
     """``--microbatch-group-size-per-virtual-pipeline-stage``."""
     static_micro_batch_size: int | None = None
     """Static batching: this ``--micro-batch-size`` and no token cap (``None``: the token cap)."""
+    collate: str = "bshd"
+    """``--dp-schedule-collate-format``."""
+    extra: tuple[str, ...] = ()
+    """More Megatron flags (MoE, the distributed optimizer, bf16 ...)."""
+
+    @property
+    def stand_in(self) -> bool:
+        """Whether the model needs the test-only spec (packed sequences, CP, sequence-parallel norms)."""
+        return self.collate == "thd" or self.cp > 1 or self.sequence_parallel
 
     def argv(self) -> list[str]:
         """Megatron flags for this layout."""
-        flags = ["--tensor-model-parallel-size", str(self.tp), "--pipeline-model-parallel-size", str(self.pp)]
+        flags = ["--tensor-model-parallel-size", str(self.tp), "--pipeline-model-parallel-size", str(self.pp),
+                 "--context-parallel-size", str(self.cp), "--expert-model-parallel-size", str(self.ep),
+                 "--dp-schedule-collate-format", self.collate]
         if self.static_micro_batch_size is not None:
             flags += ["--micro-batch-size", str(self.static_micro_batch_size)]
         if self.vpp > 1:
@@ -60,7 +80,11 @@ class Layout:
             flags += ["--num-layers-per-virtual-pipeline-stage", str(per_stage)]
         if self.group is not None:
             flags += ["--microbatch-group-size-per-virtual-pipeline-stage", str(self.group)]
-        return flags
+        if self.sequence_parallel:
+            flags.append("--sequence-parallel")
+        if self.stand_in:
+            flags += ["--spec", *STAND_IN_SPEC]
+        return [*flags, *self.extra]
 
 
 def base_argv(*, train_iters: int = TRAIN_ITERS, extra: Sequence[str] = (), token_cap: bool = True) -> list[str]:
@@ -124,19 +148,25 @@ def teardown() -> None:
 
 def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage: int | None = None,
                    config: Any = None, pg_collection: Any = None) -> Any:
-    """Tiny GPT with the local (non-TE) layer spec."""
+    """Tiny GPT: the ``--spec`` layer spec if given, else Megatron's local one (MoE from the args)."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.training.arguments import core_transformer_config_from_args
     from megatron.training.global_vars import get_args
 
+    from megatron_dpsched.megatron.spec import import_layer_spec
+
     args = get_args()
     config = config or core_transformer_config_from_args(args)
+    if args.spec:
+        spec = import_layer_spec(args.spec, config=config, vp_stage=vp_stage)
+    else:
+        spec = get_gpt_layer_local_spec(num_experts=args.num_experts)
     return GPTModel(
-        config=config, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=VOCAB,
+        config=config, transformer_layer_spec=spec, vocab_size=VOCAB,
         max_sequence_length=args.max_position_embeddings, pre_process=pre_process,
         post_process=post_process, share_embeddings_and_output_weights=False,
-        position_embedding_type="learned_absolute", vp_stage=vp_stage, pg_collection=pg_collection,
+        position_embedding_type=args.position_embedding_type, vp_stage=vp_stage, pg_collection=pg_collection,
     )
 
 
@@ -148,15 +178,56 @@ def build_model_and_optimizer() -> tuple[list[Any], Any, Any]:
     model, optimizer, scheduler = setup_model_and_optimizer(ModelType.encoder_or_decoder, model_provider)
     with torch.no_grad():
         for name, param in global_named_parameters(model).items():
-            param.copy_(deterministic_value(name, param.shape))
+            param.copy_(local_shard(deterministic_value(name, full_shape(param)), param))
+    if hasattr(optimizer, "reload_model_params"):
+        optimizer.reload_model_params()  # main (fp32 / sharded) copies follow the new weights
     return model, optimizer, scheduler
 
 
-def deterministic_value(name: str, shape: torch.Size) -> torch.Tensor:
+def deterministic_value(name: str, shape: torch.Size | tuple[int, ...]) -> torch.Tensor:
     """Initial value of the parameter called ``name`` in every layout (norm weights near 1)."""
     gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))
-    value = torch.randn(shape, generator=gen) * 0.2
+    value = torch.randn(tuple(shape), generator=gen) * 0.2
     return value + 1.0 if "norm" in name and name.endswith("weight") else value
+
+
+def _tensor_parallel_group(param: torch.nn.Parameter) -> Any:
+    """The group a tensor-parallel parameter is split over (expert TP for experts), else ``None``."""
+    from megatron.core import parallel_state
+
+    if not getattr(param, "tensor_model_parallel", False):
+        return None
+    assert getattr(param, "partition_stride", 1) == 1, "strided tensor-parallel splits are not supported"
+    if getattr(param, "allreduce", True):
+        return parallel_state.get_tensor_model_parallel_group()
+    return parallel_state.get_expert_tensor_parallel_group()
+
+
+def full_shape(param: torch.nn.Parameter) -> tuple[int, ...]:
+    """The parameter's shape without tensor parallelism."""
+    shape = list(param.shape)
+    group = _tensor_parallel_group(param)
+    if group is not None:
+        shape[param.partition_dim] *= group.size()
+    return tuple(shape)
+
+
+def local_shard(value: torch.Tensor, param: torch.nn.Parameter) -> torch.Tensor:
+    """This rank's part of the unsplit ``value`` of ``param``."""
+    group = _tensor_parallel_group(param)
+    if group is None:
+        return value
+    return value.chunk(group.size(), dim=param.partition_dim)[group.rank()]
+
+
+def gather_full(tensor: torch.Tensor, param: torch.nn.Parameter) -> torch.Tensor:
+    """The unsplit tensor (a parameter's value or gradient) from every tensor-parallel rank's part."""
+    group = _tensor_parallel_group(param)
+    if group is None or group.size() == 1:
+        return tensor.detach().clone()
+    parts = [torch.empty_like(tensor) for _ in range(group.size())]
+    torch.distributed.all_gather(parts, tensor.detach().contiguous(), group=group)
+    return torch.cat(parts, dim=param.partition_dim)
 
 
 def global_named_parameters(model: Sequence[Any]) -> dict[str, torch.nn.Parameter]:
@@ -179,7 +250,7 @@ def global_named_parameters(model: Sequence[Any]) -> dict[str, torch.nn.Paramete
 
 def env_for_rank(rank: int, world_size: int) -> None:
     """The environment Megatron's ``parse_args`` reads."""
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), CUDA_DEVICE_MAX_CONNECTIONS="1")
 
 
 HOOK_MODE_ENV = "DPSCHED_HOOK_MODE"

@@ -33,6 +33,7 @@ def _worker(rank: int, world_size: int, out: str, scenarios: list[str], init_fil
     warnings.filterwarnings("ignore")
     import harness
     from scenarios import SCENARIOS
+    from scenarios_layouts import SCENARIOS as LAYOUT_SCENARIOS
 
     from megatron_dpsched.megatron import cpu_shim
 
@@ -44,7 +45,7 @@ def _worker(rank: int, world_size: int, out: str, scenarios: list[str], init_fil
     for name in scenarios:
         path = Path(out) / f"{name}.rank{rank}.pt"
         try:
-            torch.save({"ok": True, "result": SCENARIOS[name]()}, path)
+            torch.save({"ok": True, "result": {**SCENARIOS, **LAYOUT_SCENARIOS}[name]()}, path)
         except BaseException:  # noqa: BLE001 - reported to pytest
             torch.save({"ok": False, "error": traceback.format_exc()}, path)
             os._exit(1)

@@ -19,12 +19,15 @@ class _GradRecorder:
 
     def __init__(self, optimizer: Any, params: dict[str, torch.nn.Parameter]) -> None:
         self.steps: list[dict[str, torch.Tensor]] = []
+        self.weights: list[dict[str, torch.Tensor]] = []
+        """The weights each step's update starts from (gathered over tensor parallelism)."""
         self._params = params
         self._step = optimizer.step
         optimizer.step = self
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        self.steps.append({n: _grad_of(p).clone() for n, p in self._params.items()})
+        self.steps.append({n: harness.gather_full(_grad_of(p), p) for n, p in self._params.items()})
+        self.weights.append({n: harness.gather_full(p, p) for n, p in self._params.items()})
         return self._step(*args, **kwargs)
 
 
@@ -65,7 +68,9 @@ class WholeBatchFeed:
         return _Feed()
 
 
-def _recording_forward_step(records: list[tuple[int, int, tuple[int, ...]]]) -> Callable:
+def _recording_forward_step(records: list[tuple[int, int, tuple[int, ...]]],
+                            positions: list[int] | None = None) -> Callable:
+    """The scheduled forward step, recording (step, chunk, sample ids) and the positions of every micro-batch."""
     from megatron_dpsched.megatron.forward_step import ScheduledForwardStep
 
     class _Recording(ScheduledForwardStep):
@@ -74,6 +79,8 @@ def _recording_forward_step(records: list[tuple[int, int, tuple[int, ...]]]) -> 
             batch_step = chunk.feed.current.step
             item = next(data_iterator)
             records.append((batch_step, chunk.chunk, tuple(item["sample_ids"].tolist())))
+            if positions is not None:
+                positions.append(item["tokens"].numel())
             return super().__call__(iter([item]), model)
 
     return _Recording()
@@ -83,7 +90,8 @@ def _loader(args: Any, *, num_chunks: int, consumed_samples: int = 0, num_sample
             lengths: Any = None) -> Any:
     from megatron.core import parallel_state
 
-    from megatron_dpsched.megatron import CollateConfig, ScheduledDatasetLoader, schedule_kwargs_from_args
+    from megatron_dpsched.megatron import ScheduledDatasetLoader, schedule_kwargs_from_args
+    from megatron_dpsched.megatron.provider import collate_config_from_args
 
     dp = parallel_state.get_data_parallel_world_size()
     return ScheduledDatasetLoader(
@@ -93,7 +101,7 @@ def _loader(args: Any, *, num_chunks: int, consumed_samples: int = 0, num_sample
         schedule_kwargs=schedule_kwargs_from_args(args, data_parallel_size=dp),
         consumed_samples=consumed_samples,
         num_chunks=num_chunks,
-        collate=CollateConfig(format="bshd"),
+        collate=collate_config_from_args(args),
         verify=args.dp_schedule_verify,
     )
 
@@ -160,15 +168,21 @@ def run_training(layout: Layout, *, reference: bool = False, precomputed: bool =
         else:
             feed = _loader(args, num_chunks=len(model), num_samples=num_samples)
         records: list[tuple[int, int, tuple[int, ...]]] = []
-        train(_recording_forward_step(records), model, optimizer, scheduler, feed.megatron_iterators(),
+        positions: list[int] = []
+        train(_recording_forward_step(records, positions), model, optimizer, scheduler, feed.megatron_iterators(),
               None, None, get_model_config(model[0]), {}, None)
         args = get_args()
         result = {
             "dp_rank": parallel_state.get_data_parallel_rank(),
             "pp_rank": parallel_state.get_pipeline_model_parallel_rank(),
+            "tp_rank": parallel_state.get_tensor_model_parallel_rank(),
+            "cp_rank": parallel_state.get_context_parallel_rank(),
+            "global_rank": torch.distributed.get_rank(),
             "records": records,
+            "positions": positions,
             "grads": recorder.steps,
-            "weights": {n: p.detach().clone() for n, p in params.items()},
+            "weights_before_step": recorder.weights,
+            "weights": {n: harness.gather_full(p, p) for n, p in params.items()},
             "consumed_train_samples": args.consumed_train_samples,
             "scheduler_num_steps": scheduler.num_steps,
             "iteration": args.curr_iteration,

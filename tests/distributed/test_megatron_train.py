@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections import defaultdict
 
 import pytest
-import torch
 from harness import GLOBAL_BATCH, LENGTHS, TRAIN_ITERS
+from train_checks import RTOL, assert_close, merged, step_samples
 
 pytestmark = pytest.mark.distributed
 
@@ -22,11 +22,6 @@ NUM_CHUNKS = {"dp2": 1, "pp2": 1, "pp2_vpp2": 2, "dp2_pp2": 1, "dp2_precomputed"
               "pp2_vpp2_static": 2}
 STATIC_COUNTS = {"dp2_static": 2, "pp2_vpp2_static": 2}
 """Static batching (no token cap): 8 samples / (2 x 2) = 2; under VPP the count 1 grows to the group of 2."""
-RTOL = 1e-5
-
-
-def _step_samples(step: int) -> list[int]:
-    return list(range(step * GLOBAL_BATCH, (step + 1) * GLOBAL_BATCH))
 
 
 def test_bad_layout_fails_before_training_naming_the_flag(launches) -> None:
@@ -68,33 +63,14 @@ def test_every_sample_of_a_step_trained_exactly_once(launches, layout: str) -> N
             by_stage[result["pp_rank"], chunk][step].extend(ids)
     for (stage, chunk), steps in by_stage.items():
         for step in range(TRAIN_ITERS):
-            assert sorted(steps[step]) == _step_samples(step), f"stage {stage} chunk {chunk} step {step}"
-
-
-def _merged(results: list[dict], key: str, step: int | None = None) -> dict[str, torch.Tensor]:
-    """One tensor per global parameter name, from DP rank 0 of every pipeline stage."""
-    merged: dict[str, torch.Tensor] = {}
-    for result in results:
-        if result["dp_rank"] != 0:
-            continue
-        values = result[key] if step is None else result[key][step]
-        assert not set(values) & set(merged), "a parameter lives on two stages"
-        merged.update(values)
-    return merged
-
-
-def _assert_close(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], what: str) -> None:
-    assert set(actual) == set(expected), f"{what}: parameter names differ"
-    for name, ref in expected.items():
-        err = (actual[name] - ref).norm() / ref.norm().clamp(min=1e-12)
-        assert err < RTOL, f"{what}: {name} relative error {err:.2e}"
+            assert sorted(steps[step]) == step_samples(step), f"stage {stage} chunk {chunk} step {step}"
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_gradients_match_whole_batch_reference_every_step(launches, layout: str) -> None:
     results, (reference,) = launches.get(layout), launches.get("reference")
     for step in range(TRAIN_ITERS):
-        _assert_close(_merged(results, "grads", step), reference["grads"][step], f"step {step} grads")
+        assert_close(merged(results, "grads", step), reference["grads"][step], f"step {step} grads")
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -104,13 +80,13 @@ def test_data_parallel_replicas_hold_the_same_gradients(launches, layout: str) -
         by_stage[result["pp_rank"]].append(result["grads"][0])
     for replicas in by_stage.values():
         for other in replicas[1:]:
-            _assert_close(other, replicas[0], "DP replica grads")
+            assert_close(other, replicas[0], "DP replica grads")
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_weights_after_training_match_reference(launches, layout: str) -> None:
     results, (reference,) = launches.get(layout), launches.get("reference")
-    _assert_close(_merged(results, "weights"), reference["weights"], f"weights after {TRAIN_ITERS} steps")
+    assert_close(merged(results, "weights"), reference["weights"], f"weights after {TRAIN_ITERS} steps")
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
