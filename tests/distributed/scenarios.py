@@ -36,6 +36,28 @@ def _grad_of(param: torch.nn.Parameter) -> torch.Tensor:
     return grad if grad is not None else param.grad
 
 
+class _FlopsRecorder:
+    """Wraps Megatron's ``num_floating_point_operations`` to record the token figures ``train_step`` passes."""
+
+    def __init__(self) -> None:
+        from megatron.training import training
+
+        self.calls: list[tuple[float | None, float | None]] = []
+        self._original = training.num_floating_point_operations
+        training.num_floating_point_operations = self
+
+    def __call__(self, args: Any, batch_size: int, seqlen_squared_sum_in_batch: float | None = None,
+                 total_real_tokens_in_batch: float | None = None) -> float:
+        self.calls.append((total_real_tokens_in_batch, seqlen_squared_sum_in_batch))
+        return self._original(args, batch_size, seqlen_squared_sum_in_batch=seqlen_squared_sum_in_batch,
+                              total_real_tokens_in_batch=total_real_tokens_in_batch)
+
+    def remove(self) -> None:
+        from megatron.training import training
+
+        training.num_floating_point_operations = self._original
+
+
 class WholeBatchFeed:
     """Reference data: every step is one micro-batch holding all of that step's samples."""
 
@@ -169,8 +191,12 @@ def run_training(layout: Layout, *, reference: bool = False, precomputed: bool =
             feed = _loader(args, num_chunks=len(model), num_samples=num_samples)
         records: list[tuple[int, int, tuple[int, ...]]] = []
         positions: list[int] = []
-        train(_recording_forward_step(records, positions), model, optimizer, scheduler, feed.megatron_iterators(),
-              None, None, get_model_config(model[0]), {}, None)
+        flops = _FlopsRecorder()
+        try:
+            train(_recording_forward_step(records, positions), model, optimizer, scheduler,
+                  feed.megatron_iterators(), None, None, get_model_config(model[0]), {}, None)
+        finally:
+            flops.remove()
         args = get_args()
         result = {
             "dp_rank": parallel_state.get_data_parallel_rank(),
@@ -180,6 +206,7 @@ def run_training(layout: Layout, *, reference: bool = False, precomputed: bool =
             "global_rank": torch.distributed.get_rank(),
             "records": records,
             "positions": positions,
+            "flops_token_figures": flops.calls,
             "grads": recorder.steps,
             "weights_before_step": recorder.weights,
             "weights": {n: harness.gather_full(p, p) for n, p in params.items()},

@@ -10,9 +10,9 @@ Megatron's local spec and one padded (bshd) micro-batch per step.
 from __future__ import annotations
 
 import pytest
-from harness import LENGTHS
+from harness import LENGTHS, TRAIN_ITERS
 from scenarios_layouts import LAYOUTS
-from train_checks import RTOL, assert_trained_like_reference
+from train_checks import RTOL, assert_trained_like_reference, step_samples
 
 pytestmark = pytest.mark.distributed
 
@@ -43,3 +43,12 @@ def test_packed_micro_batches_hold_only_real_tokens(launches) -> None:
     for result in launches.get("thd_dp2"):
         real = [sum(LENGTHS[i] for i in ids) for _, _, ids in result["records"]]
         assert result["positions"] == real
+
+
+@pytest.mark.parametrize("layout", ["thd_dp2", "thd_pp2_vpp2", "tp2_sp", "dp2_cp2_thd", "dp2_bf16"])
+def test_tflops_count_the_real_tokens_of_each_step(launches, layout: str) -> None:
+    for result in launches.get(layout):
+        expected = [(float(sum(LENGTHS[i] for i in step_samples(s))), float(sum(LENGTHS[i] ** 2
+                     for i in step_samples(s)))) for s in range(TRAIN_ITERS)]
+        calls = result["flops_token_figures"]  # once per step, and again when training_log prints
+        assert list(dict.fromkeys(calls)) == expected, calls
