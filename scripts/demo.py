@@ -79,18 +79,25 @@ def write_corpus(path: Path, lengths: list[int], data_format: str = "jsonl") -> 
 
 
 def model_flags(seq_length: int, options: Namespace, data: Path) -> list[str]:
-    """A tiny fp32 GPT, Adam with warm-up and cosine decay, no dropout, CPU dry run."""
+    """A tiny fp32 GPT, Megatron's local implementation, CPU dry run on gloo, plus :func:`training_flags`."""
     return [
-        "--cpu-dry-run", "--data-path", str(data),
+        "--cpu-dry-run", "--use-cpu-initialization", "--distributed-backend", "gloo", "--transformer-impl", "local",
         "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--ffn-hidden-size", "256",
-        "--seq-length", str(seq_length), "--max-position-embeddings", str(seq_length),
+        *training_flags(seq_length, options, data),
+    ]
+
+
+def training_flags(seq_length: int, options: Namespace, data: Path, *, lr: float = 3e-3) -> list[str]:
+    """Data, batch, Adam with warm-up and cosine decay to ``lr / 10``, no dropout, fixed seed, no fused kernels
+    (they need extra CUDA extensions), no evaluation: what the CPU demo and the GPU check share."""
+    return [
+        "--data-path", str(data), "--seq-length", str(seq_length), "--max-position-embeddings", str(seq_length),
         "--global-batch-size", str(options.global_batch_size), "--train-iters", str(options.steps),
-        "--lr", "3e-3", "--min-lr", "3e-4", "--lr-decay-style", "cosine", "--lr-warmup-iters", "2",
+        "--lr", f"{lr:g}", "--min-lr", f"{lr / 10:g}", "--lr-decay-style", "cosine", "--lr-warmup-iters", "2",
         "--attention-dropout", "0.0", "--hidden-dropout", "0.0", "--seed", "1234",
         "--position-embedding-type", "learned_absolute", "--untie-embeddings-and-output-weights",
-        "--transformer-impl", "local", "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion",
+        "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion",
         "--no-bias-gelu-fusion", "--no-bias-dropout-fusion", "--no-persist-layer-norm",
-        "--use-cpu-initialization", "--distributed-backend", "gloo",
         "--tokenizer-type", "NullTokenizer", "--vocab-size", str(VOCAB),
         "--log-interval", "1", "--eval-iters", "0",
     ]
@@ -103,11 +110,11 @@ def run_flags(run: str, options: Namespace) -> list[str]:
     return ["--micro-batch-size", str(options.baseline_micro_batch_size)]
 
 
-def launch(run: str, flags: list[str], out: Path, port: int) -> float:
-    """``torchrun --nproc-per-node 2`` of the entry point; returns the wall time (log in <out>/<run>.log)."""
+def launch(run: str, flags: list[str], out: Path, port: int, *, nproc: int = DP) -> float:
+    """``torchrun --nproc-per-node nproc`` of the entry point; returns the wall time (log in <out>/<run>.log)."""
     stats = out / run
-    torchrun = Path(sys.executable).with_name("torchrun")
-    cmd = [str(torchrun), "--nproc-per-node", str(DP), "--master-addr", "127.0.0.1", "--master-port", str(port),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+           "--master-addr", "127.0.0.1", "--master-port", str(port),
            str(REPO / "scripts" / "pretrain_gpt_dpsched.py"), *flags, "--step-stats-dir", str(stats)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     log = out / f"{run}.log"

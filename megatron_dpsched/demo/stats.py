@@ -6,16 +6,21 @@ and wraps ``megatron.training.training.train_step`` (:meth:`install`, after
 ``<dir>/rank<global rank>.jsonl``::
 
     {"step", "rank", "dp_rank", "pp_rank", "tp_rank", "iteration", "consumed_samples", "fingerprint",
-     "micro_batches", "samples", "tokens", "padded_tokens", "step_time_s", "loss", "lr"[, "micro_batch_ids"]}
+     "micro_batches", "samples", "tokens", "padded_tokens", "step_time_s", "loss", "lr", "peak_memory_bytes"
+     [, "micro_batch_ids"]}
 
 ``tokens`` are loss tokens (real sample positions), ``padded_tokens`` the
 positions the micro-batch tensors hold (padding included); ``loss`` is
 Megatron's reduced ``lm loss`` (``None`` off the last pipeline stage) and
-``lr`` the learning rate the step used; ``iteration`` and ``consumed_samples`` Megatron's
-counters before the step, ``fingerprint`` the scheduled step's plan fingerprint (``None`` on the
-padded path); ``micro_batch_ids`` (scheduled batches only) the
-global sample ids of each micro-batch. :func:`write_plan` stores, next to them, what the
-planner gives for the same steps when asked again (``plan.rank<r>.json``).
+``lr`` the learning rate the step used; ``step_time_s`` the wall time of
+``train_step`` (with CUDA, up to a device synchronize at its end);
+``peak_memory_bytes`` is ``torch.cuda.max_memory_allocated()`` since the process
+started (``None`` without CUDA, as in the CPU dry run); ``iteration`` and
+``consumed_samples`` Megatron's counters before the step, ``fingerprint`` the
+scheduled step's plan fingerprint (``None`` on the padded path); ``micro_batch_ids``
+(scheduled batches only) the global sample ids of each micro-batch. :func:`write_plan`
+stores, next to them, what the planner gives for the same steps when asked again
+(``plan.rank<r>.json``).
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+import torch
 
 
 class StepRecorder:
@@ -63,6 +70,8 @@ class StepRecorder:
             lr = _learning_rate(optimizer)
             start = time.perf_counter()
             result = train_step(*args, **kwargs)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()  # the step's kernels are part of its time
             self.write_step(time.perf_counter() - start, result[0], lr, position=position)
             return result
 
@@ -86,6 +95,7 @@ class StepRecorder:
             "step_time_s": seconds,
             "loss": None if loss is None else float(loss),
             "lr": lr,
+            "peak_memory_bytes": torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None,
         }
         if self._ids:
             record["micro_batch_ids"] = self._ids
