@@ -63,3 +63,25 @@ def _assert_tensorboard_holds_the_plan_figures(folder: Path, records: list[dict]
         assert by_iteration["dp-schedule/tokens-per-rank-max"][step + 1] == max(r["tokens"] for r in measured)
         padding = 1 - sum(r["tokens"] for r in measured) / sum(r["padded_tokens"] for r in measured)
         assert abs(by_iteration["dp-schedule/padding"][step + 1] - padding) < 1e-6
+
+
+STAND_IN = ["--spec", "megatron_dpsched.megatron.cpu_attention", "gpt_layer_spec"]
+
+
+@pytest.mark.parametrize("layout", [
+    ["--tensor-model-parallel-size", "2", "--sequence-parallel", *STAND_IN, "--dp-schedule-collate-format", "thd"],
+    ["--context-parallel-size", "2", *STAND_IN, "--dp-schedule-collate-format", "thd",
+     "--position-embedding-type", "rope", "--no-rope-fusion"],
+], ids=["tp2_sp_thd", "cp2_thd_rope"])
+def test_cpu_dry_run_starts_with_tensor_and_context_parallelism(tmp_path: Path, layout: list[str]) -> None:
+    data = write_token_jsonl(tmp_path / "corpus.jsonl", corpus_rows())
+    argv = [*tiny_gpt_argv(), "--data-path", str(data), "--global-batch-size", "8", "--train-iters", "2",
+            "--lr", "1e-3", "--eval-iters", "0", "--dp-schedule", "--dp-schedule-max-tokens-per-gpu", "48",
+            "--step-stats-dir", str(tmp_path / "stats"), *layout]
+    proc = torchrun(argv, nproc=2)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, errors(log)
+    assert MODEL_BUILT in log and "dp-schedule step 1: micro-batches per rank" in log
+    records = [json.loads(line) for f in sorted((tmp_path / "stats").glob("rank*.jsonl"))
+               for line in f.read_text().splitlines()]
+    assert {r["step"] for r in records if "micro_batches" in r} == {0, 1}
