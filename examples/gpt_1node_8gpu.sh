@@ -9,7 +9,7 @@
 #              too big for TP alone; VPP shrinks the pipeline bubble; the planner picks micro-batch
 #              counts that the interleaved schedule accepts.
 #   cp2        context parallelism 2, DP=4: very long samples (the cap is then per CP group);
-#              uses padded (bshd) micro-batches, the packed layout does not support CP yet.
+#              packed (thd) micro-batches, each sequence split per document over the CP ranks.
 set -euo pipefail
 LAYOUT="${1:-dp8}"; shift || true
 source "$(dirname "$0")/gpt_flags.sh"
@@ -18,7 +18,7 @@ case "$LAYOUT" in
   tp2)     PARALLEL=(--tensor-model-parallel-size 2 --sequence-parallel) ;;
   tp2_pp2) PARALLEL=(--tensor-model-parallel-size 2 --sequence-parallel --pipeline-model-parallel-size 2
                      --num-layers-per-virtual-pipeline-stage 6) ;;
-  cp2)     PARALLEL=(--context-parallel-size 2 --dp-schedule-collate-format bshd) ;;
+  cp2)     PARALLEL=(--context-parallel-size 2) ;;
   *) echo "unknown LAYOUT $LAYOUT (dp8, tp2, tp2_pp2, cp2)" >&2; exit 2 ;;
 esac
 ${DRY:+echo} torchrun --nproc-per-node 8 --nnodes 1 --standalone \

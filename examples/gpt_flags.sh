@@ -2,8 +2,8 @@
 # (24 layers, hidden 2048), bf16, Transformer Engine, trained with --dp-schedule.
 # Override with environment variables: DATA (a .jsonl of {"tokens": [...]} lines), VOCAB_SIZE
 # (ids in DATA must be below it), MAX_TOKENS_PER_GPU (the cap on the real tokens of one micro-batch
-# on one GPU; with the default padded bshd layout rows are padded to the micro-batch's longest
-# sample, so leave room for that padding), GLOBAL_BATCH, TRAIN_ITERS, SAVE;
+# on one GPU; micro-batches are packed (thd, the default with Transformer Engine); with
+# --dp-schedule-collate-format bshd rows are padded to the micro-batch's longest sample, so leave room for that padding), GLOBAL_BATCH, TRAIN_ITERS, SAVE;
 # DPSCHED=0 trains without --dp-schedule (MICRO_BATCH samples per micro-batch) for comparison.
 DATA="${DATA:?set DATA to a .jsonl corpus, one tokens list per line}"
 VOCAB_SIZE="${VOCAB_SIZE:-128256}"

@@ -7,7 +7,7 @@
 #              big for one node; the pipeline hops cross the slower inter-node links, TP stays on
 #              NVLink, and VPP keeps the bubble small.
 #   tp8        TP8 (one node per model replica), DP = NNODES: wide layers, nodes replicate.
-#   tp4_cp2    TP4 CP2: long-context training across nodes (padded bshd micro-batches).
+#   tp4_cp2    TP4 CP2: long-context training across nodes (packed thd micro-batches, split per document).
 set -euo pipefail
 LAYOUT="${1:-tp2_pp4}"; shift || true
 source "$(dirname "$0")/gpt_flags.sh"
@@ -17,8 +17,7 @@ case "$LAYOUT" in
   tp2_pp4) PARALLEL=(--tensor-model-parallel-size 2 --sequence-parallel --pipeline-model-parallel-size 4
                      --num-layers-per-virtual-pipeline-stage 2) ;;
   tp8)     PARALLEL=(--tensor-model-parallel-size 8 --sequence-parallel) ;;
-  tp4_cp2) PARALLEL=(--tensor-model-parallel-size 4 --sequence-parallel --context-parallel-size 2
-                     --dp-schedule-collate-format bshd) ;;
+  tp4_cp2) PARALLEL=(--tensor-model-parallel-size 4 --sequence-parallel --context-parallel-size 2) ;;
   *) echo "unknown LAYOUT $LAYOUT (tp2_pp4, tp8, tp4_cp2)" >&2; exit 2 ;;
 esac
 ${DRY:+echo} torchrun --nproc-per-node 8 --nnodes "$NNODES" \
