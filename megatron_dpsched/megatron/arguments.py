@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,8 +98,25 @@ class DPScheduleOptions:
         )
 
 
+_STRAY_PERCENT = re.compile(r"(?<!%)%(?!\(\w+\)[a-zA-Z%]|%)")
+"""A ``%`` that is not an argparse help specifier (``%(default)s``) nor already escaped (``%%``)."""
+
+
+def escape_stray_percent(parser: argparse.ArgumentParser) -> None:
+    """Escape ``%`` signs in help texts that are not format specifiers, so that ``--help`` formats.
+
+    megatron-core 0.19's help of ``--moe-paged-stash-buffer-size-factor-cuda`` has a bare ``%``,
+    which makes ``--help`` raise; only the parser's copy of the text changes, not Megatron's files.
+    """
+    for action in parser._actions:
+        if isinstance(action.help, str) and "%" in action.help:
+            action.help = _STRAY_PERCENT.sub("%%", action.help)
+
+
 def add_dp_schedule_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the ``--dp-schedule*`` flags; usable as Megatron's ``extra_args_provider``."""
+    """Add the ``--dp-schedule*`` flags; usable as Megatron's ``extra_args_provider`` (which Megatron
+    calls after adding its own flags: their help texts are made printable, see :func:`escape_stray_percent`)."""
+    escape_stray_percent(parser)
     group = parser.add_argument_group(title="dp-schedule (global micro-batch scheduling)")
     group.add_argument("--dp-schedule", action="store_true",
                        help="Plan each step's micro-batches globally across data-parallel ranks "

@@ -57,3 +57,11 @@ def test_a_vpp_group_flag_without_vpp_trains_as_plain_megatron_does(corpus: Path
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, errors(log)
     assert "iteration        2/       2" in log
+
+
+def test_help_prints_megatron_and_dp_schedule_flags() -> None:
+    proc = python(["--help"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "--dp-schedule-max-tokens-per-gpu" in proc.stdout and "--tensor-model-parallel-size" in proc.stdout
+    # megatron-core 0.19's help text with a bare '%' prints (escaped in the parser only)
+    assert "--moe-paged-stash-buffer-size-factor-cuda" in proc.stdout and "%" in proc.stdout
