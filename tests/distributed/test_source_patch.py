@@ -24,7 +24,7 @@ import pytest
 import torch
 from conftest import REPO, LaunchResults
 from harness import GLOBAL_BATCH, HOOK_MODE_ENV, PATCHED_MEGATRON_ENV, TRAIN_ITERS
-from test_megatron_train import _assert_close, _merged
+from train_checks import assert_close, merged
 
 from megatron_dpsched.megatron import hooks
 
@@ -179,8 +179,8 @@ def test_source_patch_trains_exactly_like_the_monkey_patch(source_launches, laun
 def test_source_patch_matches_the_whole_batch_reference(source_launches, launches, scenario: str) -> None:
     results, (reference,) = source_launches.get(scenario), launches.get("reference")
     for step in range(TRAIN_ITERS):
-        _assert_close(_merged(results, "grads", step), reference["grads"][step], f"step {step} grads")
-    _assert_close(_merged(results, "weights"), reference["weights"], f"weights after {TRAIN_ITERS} steps")
+        assert_close(merged(results, "grads", step), reference["grads"][step], f"step {step} grads")
+    assert_close(merged(results, "weights"), reference["weights"], f"weights after {TRAIN_ITERS} steps")
     for result in results:
         assert result["consumed_train_samples"] == result["scheduler_num_steps"] == sum(result["plan_num_samples"])
 
