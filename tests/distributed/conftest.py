@@ -17,7 +17,7 @@ REPO = HERE.parents[1]
 LAUNCHES: dict[str, tuple[int, tuple[str, ...]]] = {
     "world2": (2, ("bad_layout", "dp2", "dp2_precomputed", "pp2", "pp2_vpp2", "dp2_partial_step", "dp2_static",
                    "pp2_vpp2_static", "dp_mismatch", "lying_shorter", "lying_longer", "lying_shipped_plan",
-                   "dp2_ranks_reordered", "dp2_ranks_larger", "pp2_ranks_reordered")),
+                   "dp2_ranks_reordered", "dp2_ranks_larger", "pp2_ranks_reordered", "nan_loss")),
     "world4": (4, ("dp2_pp2",)),
     "world1": (1, ("reference",)),
     "layouts2": (2, ("thd_dp2", "bshd_dp2_rope", "thd_pp2", "thd_pp2_vpp2", "thd_tp2_sp", "tp2", "tp2_sp",

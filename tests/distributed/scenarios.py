@@ -287,10 +287,12 @@ def dp_mismatch() -> dict[str, Any]:
         harness.teardown()
 
 
-def _train_expecting_error(layout: Layout, make_feed: Callable[[Any, int], Any]) -> dict[str, Any]:
+def _train_expecting_error(layout: Layout, make_feed: Callable[[Any, int], Any], *,
+                           spoil: Callable[[dict[str, torch.nn.Parameter]], None] | None = None) -> dict[str, Any]:
     """Megatron's real ``train()`` on a feed that must be refused: the error, what trained, and the weights.
 
-    ``make_feed(args, num_chunks)`` builds the feed once the model exists.
+    ``make_feed(args, num_chunks)`` builds the feed once the model exists; ``spoil(params)`` may then
+    change the weights (e.g. to make the loss NaN).
     """
     from megatron.core import parallel_state
     from megatron.core.utils import get_model_config
@@ -302,6 +304,9 @@ def _train_expecting_error(layout: Layout, make_feed: Callable[[Any, int], Any])
     try:
         model, optimizer, scheduler = harness.build_model_and_optimizer()
         params = harness.global_named_parameters(model)
+        if spoil is not None:
+            with torch.no_grad():
+                spoil(params)
         before = {name: param.detach().clone() for name, param in params.items()}
         feed = make_feed(args, len(model))
         records: list[tuple[int, int, tuple[int, ...]]] = []
@@ -309,12 +314,13 @@ def _train_expecting_error(layout: Layout, make_feed: Callable[[Any, int], Any])
         try:
             train(_recording_forward_step(records), model, optimizer, scheduler, feed.megatron_iterators(),
                   None, None, get_model_config(model[0]), {}, None)
-        except ValueError as raised:
-            error = str(raised)
+        except (ValueError, RuntimeError) as raised:
+            error = f"{type(raised).__name__}: {raised}"
         return {
             "error": error,
             "records": records,
-            "unchanged": all(torch.equal(before[n], p) for n, p in params.items()),
+            "unchanged": all(torch.equal(before[n].isnan(), p.isnan()) and torch.equal(before[n].nan_to_num(),
+                             p.nan_to_num()) for n, p in params.items()),
             "dp_rank": parallel_state.get_data_parallel_rank(),
             "pp_rank": parallel_state.get_pipeline_model_parallel_rank(),
             "first_micro_batch": feed.current.micro_batches[0] if feed.current else None,
@@ -373,6 +379,19 @@ def ranks_disagree(layout: Layout, change: str) -> dict[str, Any]:
         args, num_chunks=chunks, lengths=_rank_lengths(RANK_CHANGES[change])))
 
 
+def nan_loss() -> dict[str, Any]:
+    """NaN output weights: Megatron's NaN check on the loss (rerun state machine) stops step 0 on every rank.
+
+    ``--rerun-mode disabled`` makes the rerun state machine raise at once (its default mode reruns the
+    step to attribute the fault, then asks Megatron to save a checkpoint and exit).
+    """
+    def spoil(params: dict[str, torch.nn.Parameter]) -> None:
+        params["output_layer.weight"].fill_(float("nan"))
+
+    return _train_expecting_error(Layout(extra=("--rerun-mode", "disabled")),
+                                  lambda args, chunks: _loader(args, num_chunks=chunks), spoil=spoil)
+
+
 SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
     "dp2": lambda: run_training(Layout()),
     "dp2_precomputed": lambda: run_training(Layout(), precomputed=True),
@@ -392,4 +411,5 @@ SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
     "dp2_ranks_reordered": lambda: ranks_disagree(Layout(), "reordered"),
     "dp2_ranks_larger": lambda: ranks_disagree(Layout(), "larger"),
     "pp2_ranks_reordered": lambda: ranks_disagree(Layout(pp=2), "reordered"),
+    "nan_loss": nan_loss,
 }

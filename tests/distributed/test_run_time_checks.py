@@ -56,3 +56,12 @@ def test_ranks_with_different_plans_all_stop_in_the_first_step(launches, scenari
     assert "the ranks hold different plans for train step 0" in message
     assert re.search(r"ranks 0 step 0 fingerprint 0x[0-9a-f]{16}; ranks 1 step 0 fingerprint 0x[0-9a-f]{16}", message)
     assert "size" not in message.lower()
+
+
+def test_a_nan_loss_stops_the_first_step_on_every_rank(launches) -> None:
+    results = launches.get("nan_loss")
+    assert len(results) == 2
+    for result in results:
+        assert result["error"] and result["error"].startswith("RuntimeError"), result["error"]
+        assert "found NaN in local forward loss calculation" in result["error"], result["error"]
+        assert result["unchanged"], "an update was applied after the NaN"
