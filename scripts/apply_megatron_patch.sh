@@ -5,7 +5,8 @@
 #
 #   --target DIR   a Megatron-LM checkout, a site-packages directory holding megatron/,
 #                  or an installed megatron package directory itself
-#                  (default: the site-packages of $PYTHON, else python3)
+#                  (default: where the interpreter $PYTHON, else $DPSCHED_PYTHON, else the checkout's
+#                  .venv/bin/python, else python3, imports megatron.training from)
 #   --check        dry run: report whether the patch would apply (or revert), change nothing
 #   --reverse      revert a previously applied patch
 #   --patch FILE   the patch file (default: patches/megatron_training_dpsched.patch next to this script)
@@ -40,9 +41,14 @@ parse_args() {
 }
 
 default_target() {
-  local python="${PYTHON:-python3}"
+  local python="${PYTHON:-${DPSCHED_PYTHON:-}}" repo
+  repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+  if [ -z "$python" ]; then
+    if [ -x "$repo/.venv/bin/python" ]; then python="$repo/.venv/bin/python"; else python=python3; fi
+  fi
   command -v "$python" >/dev/null || die "no --target given and '$python' not found (set PYTHON or pass --target)" 2
-  "$python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'
+  "$python" -c 'import os, megatron.training as t; print(os.path.dirname(os.path.dirname(os.path.dirname(t.__file__))))' \
+    2>/dev/null || die "no --target given and '$python' cannot import megatron.training (set PYTHON to your Megatron environment's interpreter, or pass --target)" 2
 }
 
 # The directory that holds megatron/training/training.py (the patch's paths are relative to it).
@@ -71,7 +77,8 @@ main() {
   [[ -f "$PATCH" ]] || die "patch file '$PATCH' not found" 2
   PATCH="$(cd "$(dirname "$PATCH")" && pwd)/$(basename "$PATCH")"
   local root
-  root="$(resolve_root "${TARGET:-$(default_target)}")"
+  if [ -z "${TARGET:-}" ]; then TARGET="$(default_target)" || exit 2; fi
+  root="$(resolve_root "$TARGET")"
   local forward=() undo=(--reverse) state="already applied" action="apply" done="applied"
   if [[ $REVERSE -eq 1 ]]; then forward=(--reverse); undo=(); state="not applied"; action="revert"; done="reverted"; fi
   if git_apply "$root" --check "${undo[@]}" 2>/dev/null; then

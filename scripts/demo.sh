@@ -5,4 +5,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup_env.sh
-exec "$VENV/bin/python" scripts/demo.py "$@"
+exec "$PY" scripts/demo.py "$@"

@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# Sourced by scripts/test.sh and scripts/demo.sh: creates .venv (Python 3.12) with torch 2.13.0,
-# megatron-core 0.19.2 and this package (editable) unless it is already there. Sets VENV.
+# Sourced by scripts/test.sh and scripts/demo.sh. Sets PY, the interpreter they run:
+# * DPSCHED_PYTHON=/path/to/python: an environment you already have (e.g. an NGC PyTorch container with
+#   megatron-core installed). Nothing heavy is installed into it: torch and megatron-core must already
+#   import; this package (editable) and its small test/demo extras are pip-installed when missing.
+# * otherwise a virtual environment at DPSCHED_VENV (default: .venv in the checkout), created on first
+#   use with Python 3.12, torch 2.13.0 (a CUDA build that also runs on the CPU), megatron-core 0.19.2
+#   and this package.
 set -euo pipefail
-VENV="${DPSCHED_VENV:-$PWD/.venv}"
+NEEDED='import megatron.core, torch, hypothesis, psutil, tensorboard, matplotlib, megatron_dpsched'
 find_python() {
   for candidate in python3.12 python3; do
     if command -v "$candidate" >/dev/null 2>&1 \
@@ -13,12 +18,27 @@ find_python() {
   echo "megatron-dpsched needs Python 3.12 (megatron-core 0.19 requires it); none found" >&2
   return 1
 }
-if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import megatron.core, torch, hypothesis, psutil, tensorboard, megatron_dpsched' 2>/dev/null; then
-  PY="$(find_python)"
-  echo "setting up $VENV with $PY (torch 2.13.0, megatron-core 0.19.2; a few minutes on a fresh machine)"
-  PYENV_VERSION="${PYENV_VERSION:-3.12.1}" "$PY" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q torch==2.13.0 megatron-core==0.19.2
-  "$VENV/bin/python" -m pip install -q -e ".[test,demo]"
+if [ -n "${DPSCHED_PYTHON:-}" ]; then
+  PY="$DPSCHED_PYTHON"
+  if ! "$PY" -c 'import torch, megatron.core' 2>/dev/null; then
+    echo "DPSCHED_PYTHON=$PY: torch and megatron-core must already be installed there" >&2
+    return 1 2>/dev/null || exit 1
+  fi
+  if ! "$PY" -c "$NEEDED" 2>/dev/null; then
+    echo "installing megatron-dpsched (editable, test and demo extras; no torch, no megatron-core) into $PY"
+    "$PY" -m pip install -q -e ".[test,demo]"
+  fi
+else
+  VENV="${DPSCHED_VENV:-$PWD/.venv}"
+  PY="$VENV/bin/python"
+  if [ ! -x "$PY" ] || ! "$PY" -c "$NEEDED" 2>/dev/null; then
+    BASE="$(find_python)"
+    echo "setting up $VENV with $BASE (torch 2.13.0, megatron-core 0.19.2; a few minutes on a fresh machine)"
+    PYENV_VERSION="${PYENV_VERSION:-3.12.1}" "$BASE" -m venv "$VENV"
+    "$PY" -m pip install -q --upgrade pip
+    "$PY" -m pip install -q torch==2.13.0 megatron-core==0.19.2
+    "$PY" -m pip install -q -e ".[test,demo]"
+  fi
+  export VENV
 fi
-export VENV
+export PY

@@ -5,5 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup_env.sh
-"$VENV/bin/ruff" check .
-"$VENV/bin/python" -m pytest -q tests "$@"
+"$PY" -m ruff check .
+"$PY" -m pytest -q "$@"   # no arguments: every test under tests/ (pyproject testpaths)
