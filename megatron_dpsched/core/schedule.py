@@ -5,6 +5,11 @@ once, from their token counts alone. It is pure Python (no torch, no
 Megatron), deterministic, and every rank that calls it with the same inputs
 gets the same plan, so no collective is needed.
 
+Every sample has a cost: ``cost_model(length)``, or without a ``cost_model``
+the library default ``s + s^2 / 49152`` (:data:`~megatron_dpsched.core.cost.DEFAULT_COST_MODEL`:
+tokens plus attention, shaped like a dense GPT layer of width 4096); with
+``balance="tokens"`` it is the token count. Steps 3-6 balance and order by it.
+
 Steps (per optimizer step; 1 here, 2-6 in :mod:`megatron_dpsched.core.planning`):
 
 1. Cut the samples into steps: ``global_batch_size`` consecutive samples, or
@@ -72,7 +77,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
-from megatron_dpsched.core.cost import CostFunction, require_cost_model, sample_costs
+from megatron_dpsched.core.cost import DEFAULT_COST_MODEL, CostFunction, require_cost_model, sample_costs
 from megatron_dpsched.core.planning import plan_step
 from megatron_dpsched.core.steps import split_steps
 from megatron_dpsched.core.validation import require_lengths
@@ -208,7 +213,15 @@ def build_dp_schedule(
     microbatch_order: str | None = None,
     balance_growth: float = 0.0,
 ) -> DPSchedule:
-    """Plan every step of ``lengths`` at once (see the module docstring for the rules)."""
+    """Plan every step of ``lengths`` at once (see the module docstring for the rules).
+
+    ``balance="cost"`` (the default) balances ``cost_model(length)`` per sample: a
+    :class:`~megatron_dpsched.core.cost.CostModel` of the trained model, or any callable. Without
+    ``cost_model`` it balances :data:`~megatron_dpsched.core.cost.DEFAULT_COST_MODEL`,
+    ``s + s^2 / 49152`` (tokens plus attention, quadratic-aware, the shape of a dense GPT of width
+    4096), not raw tokens; ``balance="tokens"`` balances token counts, ``balance="none"`` nothing
+    (micro-batches dealt round-robin; costs still order them).
+    """
     config = ScheduleConfig(
         dp_size=dp_size,
         global_batch_size=global_batch_size,
@@ -246,9 +259,16 @@ def plan_schedule(
         )
     _check_plan_size(config, steps)
     require_cost_model(cost_model)
-    costs = sample_costs(sizes, None if config.balance == "tokens" else cost_model)
+    costs = sample_costs(sizes, _cost_function(config, cost_model))
     plans = [plan_step(step, sizes=sizes, costs=costs, config=config) for step in steps]
     return assemble_schedule(plans, sizes=sizes, costs=costs, groups=groups, config=config, dropped=dropped)
+
+
+def _cost_function(config: ScheduleConfig, cost_model: CostFunction | None) -> CostFunction | None:
+    """What the plan balances: ``None`` (token counts), the given model, or the library default."""
+    if config.balance == "tokens":
+        return None
+    return DEFAULT_COST_MODEL if cost_model is None else cost_model
 
 
 MAX_SLOTS_PER_SAMPLE = 4
