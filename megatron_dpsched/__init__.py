@@ -12,8 +12,10 @@ import torch and Megatron only when called.
 from typing import Any
 
 from megatron_dpsched.core import (
+    DEFAULT_COST_MODEL,
     CostModel,
     DPSchedule,
+    GenericCostModel,
     PipelineLayout,
     ScheduleConfig,
     ScheduleInvariantError,
@@ -26,8 +28,10 @@ from megatron_dpsched.core import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "DEFAULT_COST_MODEL",
     "CostModel",
     "DPSchedule",
+    "GenericCostModel",
     "PipelineLayout",
     "ScheduleConfig",
     "ScheduleInvariantError",

@@ -2,7 +2,7 @@
 
 from megatron_dpsched.core.alignment import PipelineLayout
 from megatron_dpsched.core.config import ScheduleConfig
-from megatron_dpsched.core.cost import CostModel
+from megatron_dpsched.core.cost import DEFAULT_COST_MODEL, CostModel, GenericCostModel
 from megatron_dpsched.core.invariants import ScheduleInvariantError
 from megatron_dpsched.core.schedule import DPSchedule, build_dp_schedule, plan_schedule
 from megatron_dpsched.core.stats import StepStats
@@ -19,8 +19,10 @@ from megatron_dpsched.core.steptime import (
 )
 
 __all__ = [
+    "DEFAULT_COST_MODEL",
     "CostModel",
     "DPSchedule",
+    "GenericCostModel",
     "PipelineLayout",
     "ScheduleConfig",
     "ScheduleInvariantError",
