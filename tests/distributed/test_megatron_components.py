@@ -54,6 +54,35 @@ def test_cost_balance_plans_with_a_flops_model_of_the_configured_gpt() -> None:
     build_dp_schedule([5, 60, 7, 30], **kwargs).check()
 
 
+@pytest.mark.parametrize(("flags", "extra_flops_per_token"), [
+    (["--swiglu", "--group-query-attention", "--num-query-groups", "1"], lambda args: 0),
+    (["--kv-channels", "16"], lambda args: 0),
+    # the router's 2*h*E per MoE layer, which Megatron's count leaves out
+    (["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "8",
+      "--moe-shared-expert-intermediate-size", "24", "--moe-layer-freq", "([0]+[1]*3)", "--swiglu"],
+     lambda args: 3 * 2 * args.hidden_size * 4 * 3),
+    # Megatron also counts the query and key/value LoRA norms (q_lora_rank + kv_lora_rank per layer)
+    (["--multi-latent-attention", "--q-lora-rank", "12", "--kv-lora-rank", "8", "--qk-head-dim", "8",
+      "--qk-pos-emb-head-dim", "4", "--v-head-dim", "8", "--position-embedding-type", "rope"],
+     lambda args: -3 * 2 * args.num_layers * (12 + 8)),
+])
+def test_cost_model_from_real_megatron_args_matches_megatron_flops(flags, extra_flops_per_token) -> None:
+    """Megatron's parse_args + validate_args, then CostModel against Megatron's own FLOPs count."""
+    import copy
+
+    from megatron.training.training import num_floating_point_operations
+
+    from megatron_dpsched import CostModel
+
+    assert harness.NUM_LAYERS == 4
+    args = harness.parse_megatron_args(harness.base_argv(extra=flags))
+    model = CostModel.from_megatron_args(args)
+    for length in (1, 48):
+        theirs = num_floating_point_operations(copy.deepcopy(args), 1, seqlen_squared_sum_in_batch=length**2,
+                                               total_real_tokens_in_batch=length)
+        assert model(length) == theirs + length * extra_flops_per_token(args)
+
+
 def test_validation_turns_on_per_token_loss_and_variable_lengths_under_pp() -> None:
     args = _args("--dp-schedule-max-tokens-per-gpu", "64", pipeline_model_parallel_size=2)
     validate_dp_schedule_args(args)
