@@ -58,7 +58,8 @@ def _parser() -> argparse.ArgumentParser:
     for flag in ("--cp-size", "--pp-size", "--vpp-size"):
         plan.add_argument(flag, type=int, default=1)
     plan.add_argument("--microbatch-group-size-per-vp-stage", type=int)
-    plan.add_argument("--balance", choices=("cost", "tokens", "none"), default="cost")
+    plan.add_argument("--balance", choices=("cost", "tokens", "none"), default="cost",
+                      help="cost (default): s + s^2/49152 per sample (tokens plus attention); tokens; none")
     plan.add_argument("--drop-last", action="store_true")
     plan.add_argument("-o", "--output", help="write the plan as JSON here")
     check = commands.add_parser("check", help="check the invariants of a JSON plan")

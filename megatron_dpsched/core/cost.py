@@ -36,8 +36,8 @@ Samples are packed as separate sequences (THD with ``cu_seqlens``), so the
 quadratic term is per sample and a micro-batch costs the sum of its samples.
 
 Without a cost model the planner balances :data:`DEFAULT_COST_MODEL`, a
-:class:`GenericCostModel`: ``s + s^2 / 49152``, the shape of
-:class:`CostModel` for a dense GPT layer of width 4096 (see there).
+:class:`GenericCostModel`: ``s + s^2 / 49152``, proportional to :class:`CostModel`
+of a dense GPT layer of width 4096 without logits (see :data:`DEFAULT_ATTENTION_LENGTH`).
 """
 
 from __future__ import annotations

@@ -126,7 +126,8 @@ def add_dp_schedule_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
                        help="Dynamic batching: at most this many tokens per micro-batch per GPU. "
                             "Unset: static batching with --micro-batch-size.")
     group.add_argument("--dp-schedule-balance", choices=BALANCE_CHOICES, default=None,
-                       help="Balance the cost model (default: cost), raw token counts, or nothing.")
+                       help="Balance a FLOPs model of the configured GPT (default: cost; dense, GQA, SwiGLU, "
+                            "MoE and MLA from the model flags), raw token counts, or nothing.")
     group.add_argument("--dp-schedule-verify", choices=VERIFY_CHOICES, default=None,
                        help="check: run schedule.check() every step; strict: also verify every "
                             "model chunk consumed exactly the planned micro-batches (default: off). "
