@@ -61,13 +61,13 @@ def first_fit(items: Sequence[int], sizes: Sequence[int], cap: int) -> list[list
     for item in items:
         size = sizes[item]
         b = tree.leftmost_at_least(size) if size <= cap else None
-        if b is None:
-            b = len(bins)
-            bins.append([])
-            tree.set(b, cap if size <= cap else 0)
+        if b is None:  # a new micro-batch (an oversize sample's stays full: its residual is never set)
+            bins.append([item])
+            if size <= cap:
+                tree.set(len(bins) - 1, cap - size)
+            continue
         bins[b].append(item)
-        if size <= cap:
-            tree.set(b, tree.get(b) - size)
+        tree.set(b, tree.get(b) - size)
     return bins
 
 
@@ -84,19 +84,26 @@ class _ResidualTree:
         return self._tree[self._size + index]
 
     def set(self, index: int, value: int) -> None:
+        tree = self._tree
         node = self._size + index
-        self._tree[node] = value
-        while node > 1:
-            node //= 2
-            self._tree[node] = max(self._tree[2 * node], self._tree[2 * node + 1])
+        tree[node] = value
+        node >>= 1
+        while node:
+            left, right = tree[2 * node], tree[2 * node + 1]
+            best = left if left >= right else right
+            if tree[node] == best:
+                return  # nothing above changes either
+            tree[node] = best
+            node >>= 1
 
     def leftmost_at_least(self, value: int) -> int | None:
-        if self._tree[1] < value:
+        tree, size = self._tree, self._size
+        if tree[1] < value:
             return None
         node = 1
-        while node < self._size:
-            node = 2 * node if self._tree[2 * node] >= value else 2 * node + 1
-        return node - self._size
+        while node < size:
+            node = 2 * node if tree[2 * node] >= value else 2 * node + 1
+        return node - size
 
 
 def worst_fit_decreasing(
