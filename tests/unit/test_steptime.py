@@ -273,7 +273,7 @@ def test_makespan_bounds(case):
     for forward in times:  # one micro-batch's chain: every virtual stage forward, then back
         assert timeline.makespan >= (1 + model.backward_factor) * forward + hops * latency - 1e-9
     assert 0.0 <= timeline.bubble_fraction <= 1.0
-    if timeline.busy_time > 0:  # all idle only when no op takes time (zero-cost micro-batches, p2p hops)
+    if timeline.busy_time > 1e-9 * timeline.makespan:  # all idle only when ops take (next to) no time
         assert timeline.bubble_fraction < 1.0
 
 
