@@ -51,9 +51,11 @@ Steps (per optimizer step; 1 here, 2-6 in :mod:`megatron_dpsched.core.planning`,
    ``B`` is repacked to ``B``): the default; plans of steps 3-4 at each legal
    count below ``D`` (refined as in step 5), downward until one does not fit or
    two in a row are not faster; and with ``pp_size > 1`` the default's ranks
-   repacked (step 4) into more micro-batches, each count at least 5% above the
-   last, until two in a row are not faster, up to ``B`` and, with
-   ``balance_growth > 0``, up to ``align(U * (1 + balance_growth))``. (With
+   repacked (step 4) into more micro-batches, each count at least 10% above
+   the last, until two in a row are not faster and the count is twice the
+   fastest so far, up to ``B`` and, with ``balance_growth > 0``, up to
+   ``align(U * (1 + balance_growth))``; these are timed on the 8 ranks with the
+   most work, and the best of them (by the rule below) on every rank. (With
    ``pp_size == 1`` a rank's time is the sum of its micro-batches' times, which
    more micro-batches of the same samples never lower.) Of the candidates no
    slower than the default, the one with the fewest micro-batches within 2% of
