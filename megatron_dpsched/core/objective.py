@@ -98,7 +98,7 @@ def plan_for_step_time(
     default's rank assignment repacked into more micro-batches; ties go to fewer micro-batches."""
     timer = StepTimer(sizes=sizes, costs=costs, config=config)
     bound = count_bound(default, config=config, lower_bound=lower_bound)
-    fitted = default if len(default[0]) <= bound else _repack(default, sizes, config, bound)
+    fitted = default if len(default[0]) <= bound else repack_ranks(default, sizes, config, bound)
     assert fitted is not None, "one sample per micro-batch always fits"
     base = timer.candidate(fitted)
     candidates = [base, *_fewer_counts(base, timer, replan=replan, lower_bound=lower_bound)]
@@ -145,7 +145,7 @@ def _more_counts(base: Candidate, timer: StepTimer, *, limit: int) -> list[Candi
         count = max(layout.next_legal(count), layout.align(math.ceil(count * (1 + COUNT_GROWTH))))
         if count > limit:
             break
-        subset = _repack(busiest, timer.sizes, config, count)
+        subset = repack_ranks(busiest, timer.sizes, config, count)
         if subset is None:
             stale += 1
             continue
@@ -158,11 +158,13 @@ def _more_counts(base: Candidate, timer: StepTimer, *, limit: int) -> list[Candi
     if not screened:
         return []
     winner = choose([base, *screened], ceiling=base.seconds).num_microbatches
-    plan = _repack(base.plan, timer.sizes, config, winner) if winner != base.num_microbatches else None
+    plan = repack_ranks(base.plan, timer.sizes, config, winner) if winner != base.num_microbatches else None
     return [] if plan is None else [timer.candidate(plan)]
 
 
-def _repack(plan: list[RankPlan], sizes: Sequence[int], config: ScheduleConfig, count: int) -> list[RankPlan] | None:
+def repack_ranks(
+    plan: list[RankPlan], sizes: Sequence[int], config: ScheduleConfig, count: int
+) -> list[RankPlan] | None:
     """Every rank's samples packed into ``count`` micro-batches (step 4); ``None`` if one does not fit."""
     cap = config.token_cap
     assert cap is not None
