@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from megatron_dpsched.core.alignment import PipelineLayout
 from megatron_dpsched.core.ordering import resolve_order
+from megatron_dpsched.core.steptime import StepTimeModel
 from megatron_dpsched.core.validation import MAX_TOKENS, is_real, require_bool, require_int
 
 BALANCE_MODES = ("cost", "tokens", "none")
@@ -45,6 +46,10 @@ class ScheduleConfig:
     microbatch_order: str | None = None
     """``"pipeline"`` (cheap micro-batches at both ends), ``"none"``, or ``None``/``"auto"``:
     ``"pipeline"`` when ``pp_size > 1``. Stored resolved."""
+    step_time_model: StepTimeModel | None = None
+    """With a token cap: choose each step's micro-batch count, packing and order for the smallest
+    simulated step time of the slowest rank under this model (spec step 7); ``None`` keeps the fewest
+    micro-batches that balance. A dict (the plan's JSON form) is read back as a model."""
 
     def __post_init__(self) -> None:
         for name in ("dp_size", "global_batch_size", "cp_size", "pp_size", "vpp_size"):
@@ -64,6 +69,7 @@ class ScheduleConfig:
         if not isinstance(self.balance, str) or self.balance not in BALANCE_MODES:
             raise ValueError(f"balance must be one of {', '.join(BALANCE_MODES)}; got {self.balance!r}")
         object.__setattr__(self, "microbatch_order", resolve_order(self.microbatch_order, self.pp_size))
+        self._validate_step_time_model()
 
     def _validate_batching(self) -> None:
         cap, mbs = self.max_tokens_per_gpu, self.micro_batch_size
@@ -76,6 +82,25 @@ class ScheduleConfig:
             require_int("max_tokens_per_gpu", cap, maximum=MAX_TOKENS)
         if mbs is not None:
             require_int("micro_batch_size", mbs)
+
+    def _validate_step_time_model(self) -> None:
+        model = self.step_time_model
+        if model is None:
+            return
+        if isinstance(model, dict):  # read back from to_dict()
+            try:
+                model = StepTimeModel(**model)
+            except TypeError as error:
+                raise ValueError(f"step_time_model: {error}") from None
+            object.__setattr__(self, "step_time_model", model)
+        if not isinstance(model, StepTimeModel):
+            raise ValueError(f"step_time_model must be a StepTimeModel or None, got {type(model).__name__}")
+        if self.max_tokens_per_gpu is None:
+            raise ValueError("step_time_model needs max_tokens_per_gpu: static batching (micro_batch_size) "
+                             "has a fixed micro-batch count")
+        if self.balance == "none":
+            raise ValueError("step_time_model needs balance='cost' or 'tokens': balance='none' deals one "
+                             "global packing round-robin")
 
     @property
     def layout(self) -> PipelineLayout:

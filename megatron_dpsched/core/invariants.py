@@ -11,6 +11,7 @@ import math
 from typing import TYPE_CHECKING, NoReturn
 
 from megatron_dpsched.core.config import ScheduleConfig
+from megatron_dpsched.core.planning import lower_bound_microbatches
 from megatron_dpsched.core.steps import split_steps
 from megatron_dpsched.core.validation import MAX_TOKENS, is_int, is_real
 
@@ -134,6 +135,22 @@ def _check_legal_counts(schedule: DPSchedule) -> None:
             _fail(4, f"step {step} runs {count} micro-batches, which Megatron's schedule rejects for "
                   f"pp_size={layout.pp_size}, vpp_size={layout.vpp_size}, "
                   f"microbatch_group_size_per_vp_stage={layout.group_size}")
+        _check_count_bounds(schedule, step, count)
+
+
+def _check_count_bounds(schedule: DPSchedule, step: int, count: int) -> None:
+    """At least the aligned lower bound; with a step-time model at most ``max(lower bound, align(n))``."""
+    config, lengths = schedule.config, schedule.lengths
+    per_rank = [sum(len(mb) for mb in schedule.rank_step_micro_batches(r, step)) for r in range(schedule.dp_size)]
+    if sum(per_rank) == 0:
+        return  # invariant 6 reports the empty step
+    lower = lower_bound_microbatches([lengths[i] for i in schedule.step_samples(step)], config=config)
+    if count < lower:
+        _fail(4, f"step {step} runs {count} micro-batches, below the aligned lower bound {lower}")
+    upper = max(lower, config.layout.align(max(per_rank)))
+    if config.step_time_model is not None and count > upper:
+        _fail(4, f"step {step} runs {count} micro-batches, more than max(lower bound, align(most samples on "
+              f"a rank)) = {upper} that a plan for step time may run")
 
 
 def _check_steps(schedule: DPSchedule) -> None:

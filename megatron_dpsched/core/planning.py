@@ -1,4 +1,5 @@
-"""Planning one step: steps 2-6 of the spec in :mod:`megatron_dpsched.core.schedule`."""
+"""Planning one step: steps 2-7 of the spec in :mod:`megatron_dpsched.core.schedule` (step 7 in
+:mod:`megatron_dpsched.core.objective`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Sequence
 
 from megatron_dpsched.core.balancing import assign_bins, lpt_assign, refine_by_moves
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
+from megatron_dpsched.core.objective import plan_for_step_time
 from megatron_dpsched.core.ordering import order_micro_batches
 from megatron_dpsched.core.packing import (
     best_fit_decreasing,
@@ -32,6 +34,8 @@ def plan_step(
         ranks = _plan_static(local_sizes, local_costs, config=config)
     else:
         ranks = _plan_dynamic(local_sizes, local_costs, config=config)
+        if config.step_time_model is not None:
+            ranks = _plan_step_time(ranks, local_sizes, local_costs, config=config)
     order = config.microbatch_order
     return [
         [[samples[i] for i in mb] for mb in order_micro_batches(rank, local_costs, order)]
@@ -122,6 +126,35 @@ def _plan_dynamic(sizes: list[int], costs: list[float], *, config: ScheduleConfi
         plan = _assign_and_pack(
             sizes, costs, cap=config.token_cap, dp=config.dp_size, num_microbatches=num_microbatches
         )
+
+
+def _plan_step_time(
+    default: list[RankPlan], sizes: list[int], costs: list[float], *, config: ScheduleConfig
+) -> list[RankPlan]:
+    """Step 7: the default plan, or one at another count that the step-time model finds faster."""
+    growth_limit = None
+    if config.balance_growth > 0:
+        upper = _bins_count(_global_packing(sizes, config.token_cap), config)
+        growth_limit = config.layout.align(math.ceil(upper * (1 + config.balance_growth)))
+
+    def replan(num_microbatches: int) -> list[RankPlan] | None:
+        return plan_at_count(sizes, costs, config=config, num_microbatches=num_microbatches)
+
+    return plan_for_step_time(
+        default, sizes, costs, config=config, replan=replan,
+        lower_bound=lower_bound_microbatches(sizes, config=config), growth_limit=growth_limit,
+    )
+
+
+def plan_at_count(
+    sizes: list[int], costs: list[float], *, config: ScheduleConfig, num_microbatches: int
+) -> list[RankPlan] | None:
+    """Steps 3-4 at one count, refined as in step 5 when unbalanced; ``None`` if it does not fit."""
+    plan = _assign_and_pack(sizes, costs, cap=config.token_cap, dp=config.dp_size, num_microbatches=num_microbatches)
+    ideal = max(sum(costs) / config.dp_size, max(costs))
+    if plan is not None and _peak_cost(plan, costs) > ideal * (1 + BALANCE_TOLERANCE):
+        refine_by_moves(plan, sizes=sizes, costs=costs, cap=config.token_cap, max_moves=4 * config.dp_size)
+    return plan
 
 
 def _bins_count(bins: list[list[int]], config: ScheduleConfig) -> int:

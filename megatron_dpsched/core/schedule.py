@@ -10,7 +10,8 @@ the library default ``s + s^2 / 49152`` (:data:`~megatron_dpsched.core.cost.DEFA
 tokens plus attention, shaped like a dense GPT layer of width 4096); with
 ``balance="tokens"`` it is the token count. Steps 3-6 balance and order by it.
 
-Steps (per optimizer step; 1 here, 2-6 in :mod:`megatron_dpsched.core.planning`):
+Steps (per optimizer step; 1 here, 2-6 in :mod:`megatron_dpsched.core.planning`, 7 in
+:mod:`megatron_dpsched.core.objective`):
 
 1. Cut the samples into steps: ``global_batch_size`` consecutive samples, or
    ``global_batch_size`` groups (in order of their first sample) with all of
@@ -45,6 +46,28 @@ Steps (per optimizer step; 1 here, 2-6 in :mod:`megatron_dpsched.core.planning`)
    ``balance="none"`` goes straight to this, dealing micro-batches round-robin.
 6. Order each rank's micro-batches: with ``pp_size > 1`` the cheapest at both
    ends (pipeline warm-up and cool-down), the dearest in the middle.
+7. Only with a ``step_time_model`` (token cap and ``balance`` ``"cost"`` or
+   ``"tokens"``): steps 2-6 give the default plan at count ``D``; the step runs
+   whichever candidate has the smallest simulated step time (the slowest
+   rank's makespan, :func:`~megatron_dpsched.core.steptime.simulate_step`, on
+   the candidate ordered as in step 6). Candidates, all at legal counts of at
+   most ``B = max(M, align(n))`` with ``n`` the most samples a rank holds
+   (beyond ``B`` every rank would only add empty micro-batches; a default above
+   ``B`` is repacked to ``B``): the default; plans of steps 3-4 at each legal
+   count below ``D`` (refined as in step 5), downward until one does not fit or
+   two in a row are not faster; and with ``pp_size > 1`` the default's ranks
+   repacked (step 4) into more micro-batches, each count at least 10% above
+   the last, until two in a row are not faster and the count is twice the
+   fastest so far, up to ``B`` and, with ``balance_growth > 0``, up to
+   ``align(U * (1 + balance_growth))``; these are timed on the 8 ranks with the
+   most work, and the best of them (by the rule below) on every rank. (With
+   ``pp_size == 1`` a rank's time is the sum of its micro-batches' times, which
+   more micro-batches of the same samples never lower.) Of the candidates no
+   slower than the default, the one with the fewest micro-batches within 2% of
+   the fastest is chosen. So with ``pp_size == 1``, no per-micro-batch time and
+   costs proportional to the model's forward time, the plan is the default
+   plan whenever no count below ``D`` comes within 2% of it (step 5 kept ``D``
+   only for a cut of more than 2%).
 
 Invariants (checked by :meth:`DPSchedule.check`, for every accepted input):
 
@@ -55,7 +78,14 @@ Invariants (checked by :meth:`DPSchedule.check`, for every accepted input):
 3. Flattening ``micro_batch_indices[r]`` gives ``range(len(partitions[r]))``;
    partitions are disjoint and their union is every sample not in ``dropped``.
 4. ``num_microbatches[s]`` is legal for Megatron's schedule (interleaved rule
-   with ``vpp_size > 1``).
+   with ``vpp_size > 1``) and at least the aligned lower bound ``M`` of step 2.
+   Without a ``step_time_model`` it is also at most ``U`` (the count of one
+   global packing, step 5; ``align(U * (1 + balance_growth))`` with
+   ``balance_growth``); with one it may exceed ``U`` when the simulated step
+   time says more micro-batches are faster (step 7), but never ``B = max(M,
+   align(n_s))``, ``n_s`` the most samples one rank trains in step ``s``. The
+   checker verifies the bounds it can derive from the plan alone: ``M``, and
+   ``B`` for plans made with a ``step_time_model``.
 5. Samples of one group are in the same step; steps follow the input order;
    every step but a trailing one holds exactly ``global_batch_size`` samples
    (groups); ``step_num_samples[s]`` counts the samples of step ``s``; only a
@@ -80,6 +110,7 @@ from megatron_dpsched.core.config import RankPlan, ScheduleConfig
 from megatron_dpsched.core.cost import DEFAULT_COST_MODEL, CostFunction, require_cost_model, sample_costs
 from megatron_dpsched.core.planning import plan_step
 from megatron_dpsched.core.steps import split_steps
+from megatron_dpsched.core.steptime import StepTimeModel
 from megatron_dpsched.core.validation import require_lengths
 
 
@@ -212,6 +243,7 @@ def build_dp_schedule(
     drop_last: bool = False,
     microbatch_order: str | None = None,
     balance_growth: float = 0.0,
+    step_time_model: StepTimeModel | None = None,
 ) -> DPSchedule:
     """Plan every step of ``lengths`` at once (see the module docstring for the rules).
 
@@ -235,6 +267,7 @@ def build_dp_schedule(
         drop_last=drop_last,
         microbatch_order=microbatch_order,
         balance_growth=balance_growth,
+        step_time_model=step_time_model,
     )
     return plan_schedule(lengths, config=config, groups=groups, cost_model=cost_model)
 

@@ -315,6 +315,15 @@ def simulate_step(
     return StepTime(seconds=max(seconds), rank_seconds=seconds, rank_busy_seconds=busy)
 
 
+def slowest_makespan(
+    per_rank_forward_times: Sequence[tuple[float, ...]], *, layout: PipelineLayout, backward_factor: float
+) -> float:
+    """``simulate_step(...).seconds`` without ``p2p_latency``, for forward times the planner computed
+    itself from valid micro-batches (so they are not validated again: the planner's fast path)."""
+    return max(_simulate(tuple(times), layout, backward_factor, 0.0, record=False)[0]
+               for times in per_rank_forward_times)
+
+
 _Step = tuple[int, int, bool, int]
 """One op prepared for the simulation: ``(op id, dependency's op id or -1, dependency on another stage,
 index into the durations)``."""

@@ -28,11 +28,16 @@ from typing import Any
 
 from megatron_dpsched.core.config import ScheduleConfig
 from megatron_dpsched.core.cost import CostModel
+from megatron_dpsched.core.steptime import StepTimeModel
 
 BALANCE_CHOICES = ("cost", "tokens", "none")
 VERIFY_CHOICES = ("off", "check", "strict")
 ORDER_CHOICES = ("auto", "pipeline", "none")
 COLLATE_CHOICES = ("bshd", "thd")
+OBJECTIVE_CHOICES = ("step-time", "micro-batches")
+NOMINAL_FLOPS_PER_GPU = 4e14
+"""Sustained FLOP/s of one GPU assumed by ``--dp-schedule-objective step-time``: with the cost model it turns
+FLOPs into seconds; only its ratio to ``--dp-schedule-microbatch-overhead-ms`` changes the plan."""
 
 _GROUP_FLAG = "--microbatch-group-size-per-virtual-pipeline-stage"
 
@@ -44,6 +49,8 @@ OPTION_DEFAULTS: dict[str, Any] = {
     "dp_schedule_microbatch_order": "auto",
     "dp_schedule_collate_format": "bshd",
     "dp_schedule_balance_growth": 0.0,
+    "dp_schedule_objective": None,
+    "dp_schedule_microbatch_overhead_ms": 2.0,
 }
 """What each ``--dp-schedule-*`` option means when it is not given (the parser's defaults are ``None``, so
 a given option can be told from an unset one)."""
@@ -77,6 +84,12 @@ class DPScheduleOptions:
     balance_growth: float
     """``--dp-schedule-balance-growth``: share of extra micro-batches the planner may spend to balance
     ranks when the token cap keeps them apart (0: never more than one global packing needs)."""
+    objective: str | None
+    """``--dp-schedule-objective``: ``step-time`` (counts for the smallest simulated pipeline step time) or
+    ``micro-batches`` (the fewest that balance); ``None``: ``step-time`` where it applies (PP > 1, a token cap,
+    balance ``cost`` or ``tokens``, the model's dimensions in ``args``), see :func:`resolve_objective`."""
+    microbatch_overhead_ms: float
+    """``--dp-schedule-microbatch-overhead-ms``: fixed forward time of one micro-batch for the step-time model."""
 
     @classmethod
     def from_args(cls, args: Any) -> DPScheduleOptions:
@@ -95,6 +108,8 @@ class DPScheduleOptions:
             microbatch_order=None if order == "auto" else order,
             balance_growth=value("dp_schedule_balance_growth"),
             collate_format=value("dp_schedule_collate_format"),
+            objective=value("dp_schedule_objective"),
+            microbatch_overhead_ms=value("dp_schedule_microbatch_overhead_ms"),
         )
 
 
@@ -144,7 +159,18 @@ def add_dp_schedule_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     group.add_argument("--dp-schedule-balance-growth", type=float, default=None,
                        help="With --dp-schedule-max-tokens-per-gpu: share (0 to 10) of extra micro-batches per "
                             "step the planner may spend to balance ranks when the token cap keeps them apart "
-                            "(heavy tails at high fill); default 0, never more than one global packing needs.")
+                            "(heavy tails at high fill); default 0, never more than one global packing needs. "
+                            "With the step-time objective it caps the extra micro-batches that objective adds.")
+    group.add_argument("--dp-schedule-objective", choices=OBJECTIVE_CHOICES, default=None,
+                       help="step-time: per step, the micro-batch count (and packing) with the smallest "
+                            "simulated step time of Megatron's pipeline schedule, from the cost model at a "
+                            "nominal 400 TFLOP/s per GPU plus --dp-schedule-microbatch-overhead-ms per "
+                            "micro-batch; needs --dp-schedule-max-tokens-per-gpu and balance cost or tokens. "
+                            "micro-batches: the fewest micro-batches that balance the ranks. Default: "
+                            "step-time with PP > 1 and a token cap (balance cost or tokens), else micro-batches.")
+    group.add_argument("--dp-schedule-microbatch-overhead-ms", type=float, default=None,
+                       help="Step-time objective: fixed forward milliseconds of every micro-batch over the whole "
+                            "model (kernel launches, pipeline hand-offs); default 2.")
     return parser
 
 
@@ -273,6 +299,7 @@ def _refuse_conflicts(args: Any) -> None:
 
 
 _PLANNER_FLAGS = {
+    "step_time_model": "--dp-schedule-objective",
     "max_tokens_per_gpu": "--dp-schedule-max-tokens-per-gpu",
     "micro_batch_size": "--micro-batch-size",
     "balance_growth": "--dp-schedule-balance-growth",
@@ -307,10 +334,40 @@ def schedule_config_from_args(args: Any, *, data_parallel_size: int) -> Schedule
             balance=options.balance,
             microbatch_order=options.microbatch_order,
             balance_growth=options.balance_growth,
+            step_time_model=step_time_model_from_args(args, options),
         )
     except ValueError as error:
         flag = next((f for name, f in _PLANNER_FLAGS.items() if name in str(error)), "--dp-schedule")
         raise ValueError(f"{flag}: {error}") from None
+
+
+def resolve_objective(options: DPScheduleOptions, args: Any) -> str:
+    """The objective ``--dp-schedule-objective`` names, or by default ``step-time`` with PP > 1, a token cap
+    and balance ``cost`` or ``tokens`` (where more micro-batches can shrink pipeline bubbles)."""
+    if options.objective is not None:
+        return options.objective
+    pipelined = getattr(args, "pipeline_model_parallel_size", 1) > 1
+    capped = options.max_tokens_per_gpu is not None and options.balance != "none"
+    sized = getattr(args, "hidden_size", None) is not None  # the cost model needs the GPT's dimensions
+    return "step-time" if pipelined and capped and sized else "micro-batches"
+
+
+def step_time_model_from_args(args: Any, options: DPScheduleOptions) -> StepTimeModel | None:
+    """The step-time model of the step-time objective: the cost model's forward FLOPs over TP x CP GPUs at
+    :data:`NOMINAL_FLOPS_PER_GPU`, plus the per-micro-batch overhead; ``None`` for ``micro-batches``."""
+    if resolve_objective(options, args) != "step-time":
+        return None
+    overhead = options.microbatch_overhead_ms
+    if not 0.0 <= overhead <= 1e6:
+        raise ValueError(f"--dp-schedule-microbatch-overhead-ms must be between 0 and 1e6; got {overhead}")
+    if getattr(args, "hidden_size", None) is None:
+        raise ValueError("step_time_model needs the model's --hidden-size, --num-layers and "
+                         "--num-attention-heads for its cost model")
+    gpus = getattr(args, "tensor_model_parallel_size", 1) * getattr(args, "context_parallel_size", 1)
+    return StepTimeModel.from_cost_model(
+        CostModel.from_megatron_args(args), flops_per_second=NOMINAL_FLOPS_PER_GPU * gpus,
+        seconds_per_microbatch=overhead / 1000.0,
+    )
 
 
 def schedule_kwargs_from_args(args: Any, *, data_parallel_size: int) -> dict[str, Any]:

@@ -83,6 +83,29 @@ def test_cost_model_from_real_megatron_args_matches_megatron_flops(flags, extra_
         assert model(length) == theirs + length * extra_flops_per_token(args)
 
 
+def test_step_time_objective_is_the_default_with_pipelining_and_a_token_cap() -> None:
+    from megatron_dpsched.core import StepTimeModel
+    from megatron_dpsched.megatron import schedule_kwargs_from_args
+
+    dims = dict(hidden_size=64, num_layers=2, num_attention_heads=4, tensor_model_parallel_size=2)
+    cap = ("--dp-schedule-max-tokens-per-gpu", "64")
+    piped = schedule_kwargs_from_args(_args(*cap, pipeline_model_parallel_size=4, **dims), data_parallel_size=2)
+    model = piped["step_time_model"]
+    assert isinstance(model, StepTimeModel) and model.seconds_per_microbatch == 0.002
+    assert model.seconds_per_token == piped["cost_model"].linear_flops_per_token / (2 * 4e14)
+    build_dp_schedule([5, 60, 7, 30, 64, 9, 12, 40], **piped).check()
+    assert schedule_kwargs_from_args(_args(*cap, **dims), data_parallel_size=2)["step_time_model"] is None
+    off = _args(*cap, "--dp-schedule-objective", "micro-batches", pipeline_model_parallel_size=4, **dims)
+    assert schedule_kwargs_from_args(off, data_parallel_size=2)["step_time_model"] is None
+    on = _args(*cap, "--dp-schedule-objective", "step-time", "--dp-schedule-microbatch-overhead-ms", "0", **dims)
+    assert schedule_kwargs_from_args(on, data_parallel_size=2)["step_time_model"].seconds_per_microbatch == 0
+    static = _args("--dp-schedule-objective", "step-time", pipeline_model_parallel_size=4, **dims)
+    with pytest.raises(ValueError, match="--dp-schedule-objective: .*needs max_tokens_per_gpu"):
+        validate_dp_schedule_args(static)
+    assert schedule_kwargs_from_args(_args(pipeline_model_parallel_size=4, **dims),
+                                     data_parallel_size=2)["step_time_model"] is None  # static: micro-batches
+
+
 def test_validation_turns_on_per_token_loss_and_variable_lengths_under_pp() -> None:
     args = _args("--dp-schedule-max-tokens-per-gpu", "64", pipeline_model_parallel_size=2)
     validate_dp_schedule_args(args)

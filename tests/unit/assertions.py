@@ -81,6 +81,11 @@ def assert_invariants(
     for stats in schedule.stats():
         assert stats.num_microbatches >= stats.lower_bound
         assert stats.token_imbalance >= stats.capacity_bound * (1 - 1e-9)
+        if config.step_time_model is not None:  # 4. step 7 never runs more than max(M, align(n))
+            most = max(sum(len(mb) for mb in schedule.rank_step_micro_batches(r, stats.step)) for r in range(dp))
+            aligned = next(c for c in range(most, most + 2 * group_size + 2)
+                           if legal(c, pp=config.pp_size, vpp=config.vpp_size, group=group_size))
+            assert stats.num_microbatches <= max(stats.lower_bound, aligned)
 
 
 def _first_appearance(groups: Sequence[Hashable]) -> list[int]:

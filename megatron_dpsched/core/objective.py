@@ -1,0 +1,172 @@
+"""Spec step 7: with a ``step_time_model``, the micro-batch count with the smallest simulated step time.
+
+Balancing cost per rank at the fewest micro-batches leaves pipeline bubbles: with ``pp_size``
+stages and ``M`` micro-batches, Megatron's 1F1B idles every stage for about ``(pp_size - 1) / M``
+of a step. More, smaller micro-batches shrink the bubbles but pay a fixed cost each
+(``seconds_per_microbatch``). The search here trades the two by replaying Megatron's schedule
+(:mod:`megatron_dpsched.core.steptime`) on candidate plans, each packed and ordered by the
+machinery of steps 3-6.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from megatron_dpsched.core.config import RankPlan, ScheduleConfig
+from megatron_dpsched.core.ordering import order_micro_batches
+from megatron_dpsched.core.packing import pack_into
+from megatron_dpsched.core.steptime import slowest_makespan
+
+STEP_TIME_TOLERANCE = 0.02
+"""Among candidates within this share of the fastest, the one with the fewest micro-batches wins."""
+COUNT_GROWTH = 0.1
+"""Counts above the default grow by at least this share per candidate (at least to the next legal count)."""
+MAX_STALE_COUNTS = 2
+"""Stop searching in one direction after this many candidates in a row that were not faster ..."""
+SEARCH_SPAN = 2.0
+"""... and, upward, once the count is this many times the fastest count so far (packing granularity
+makes plateaus: equal samples run no faster at 11-15 micro-batches than at 11 until 16 halve them)."""
+SCREEN_RANKS = 8
+"""Upward candidates are timed on the ranks with the most work only; the winner is then timed in full."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """One plan of a step at one count, ordered as it will run, with its simulated step time."""
+
+    num_microbatches: int
+    seconds: float
+    plan: list[RankPlan]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepTimer:
+    """Orders and times candidate plans of one step (local sample ids)."""
+
+    sizes: Sequence[int]
+    costs: Sequence[float]
+    config: ScheduleConfig
+
+    def candidate(self, plan: list[RankPlan]) -> Candidate:
+        """``plan`` in run order (step 6) with the slowest rank's simulated makespan."""
+        order = self.config.microbatch_order
+        ordered = [order_micro_batches(rank, self.costs, order) for rank in plan]
+        model = self.config.step_time_model
+        assert model is not None
+        times = [tuple(self._forward_time(mb) for mb in rank) for rank in ordered]
+        seconds = slowest_makespan(times, layout=self.config.layout, backward_factor=model.backward_factor)
+        return Candidate(num_microbatches=len(plan[0]), seconds=seconds, plan=ordered)
+
+    def busiest(self, plan: list[RankPlan]) -> list[RankPlan]:
+        """The :data:`SCREEN_RANKS` ranks of ``plan`` with the most work (forward time of their samples)."""
+        model = self.config.step_time_model
+        assert model is not None
+        a, b, sizes = model.seconds_per_token, model.seconds_per_token_pair, self.sizes
+        loads = [sum(a * sizes[i] + b * sizes[i] * sizes[i] for mb in rank for i in mb) for rank in plan]
+        return [plan[r] for r in sorted(range(len(plan)), key=lambda r: -loads[r])[:SCREEN_RANKS]]
+
+    def _forward_time(self, micro_batch: Sequence[int]) -> float:
+        """:meth:`StepTimeModel.forward_time` of the micro-batch's lengths (a dummy counts one token)."""
+        model = self.config.step_time_model
+        assert model is not None
+        sizes = self.sizes
+        tokens = sum(sizes[i] for i in micro_batch) if micro_batch else 1
+        pairs = sum(sizes[i] * sizes[i] for i in micro_batch) if micro_batch else 1
+        return model.seconds_per_token * tokens + model.seconds_per_token_pair * pairs + model.seconds_per_microbatch
+
+
+def count_bound(plan: list[RankPlan], *, config: ScheduleConfig, lower_bound: int) -> int:
+    """Most micro-batches a step-time plan may run: the aligned lower bound, or enough for the rank
+    with the most samples to run one per micro-batch (beyond that every rank only adds dummies)."""
+    most = max(sum(len(mb) for mb in rank) for rank in plan)
+    return max(lower_bound, config.layout.align(most))
+
+
+def plan_for_step_time(
+    default: list[RankPlan],
+    sizes: Sequence[int],
+    costs: Sequence[float],
+    *,
+    config: ScheduleConfig,
+    replan: Callable[[int], list[RankPlan] | None],
+    lower_bound: int,
+    growth_limit: int | None = None,
+) -> list[RankPlan]:
+    """The fastest of the default plan, plans at fewer counts (``replan``) and, with pipelining, the
+    default's rank assignment repacked into more micro-batches; ties go to fewer micro-batches."""
+    timer = StepTimer(sizes=sizes, costs=costs, config=config)
+    bound = count_bound(default, config=config, lower_bound=lower_bound)
+    fitted = default if len(default[0]) <= bound else repack_ranks(default, sizes, config, bound)
+    assert fitted is not None, "one sample per micro-batch always fits"
+    base = timer.candidate(fitted)
+    candidates = [base, *_fewer_counts(base, timer, replan=replan, lower_bound=lower_bound)]
+    if config.pp_size > 1:  # with one stage a rank's time is its micro-batches' sum: more never help
+        limit = bound if growth_limit is None else max(base.num_microbatches, min(bound, growth_limit))
+        candidates += _more_counts(base, timer, limit=limit)
+    return choose(candidates, ceiling=base.seconds).plan
+
+
+def choose(candidates: list[Candidate], *, ceiling: float) -> Candidate:
+    """Fewest micro-batches within :data:`STEP_TIME_TOLERANCE` of the fastest, never slower than ``ceiling``."""
+    eligible = [c for c in candidates if c.seconds <= ceiling]
+    fastest = min(c.seconds for c in eligible)
+    near = [c for c in eligible if c.seconds <= fastest * (1 + STEP_TIME_TOLERANCE)]
+    return min(near, key=lambda c: (c.num_microbatches, c.seconds))
+
+
+def _fewer_counts(
+    base: Candidate, timer: StepTimer, *, replan: Callable[[int], list[RankPlan] | None], lower_bound: int
+) -> list[Candidate]:
+    """Plans at legal counts below the default's, downward until one does not fit or stops helping."""
+    layout, found, best, stale = timer.config.layout, [], base.seconds, 0
+    for count in range(base.num_microbatches - 1, lower_bound - 1, -1):
+        if not layout.is_legal(count):
+            continue
+        plan = replan(count)
+        if plan is None:
+            break
+        found.append(timer.candidate(plan))
+        best, stale = (found[-1].seconds, 0) if found[-1].seconds < best else (best, stale + 1)
+        if stale >= MAX_STALE_COUNTS:
+            break
+    return found
+
+
+def _more_counts(base: Candidate, timer: StepTimer, *, limit: int) -> list[Candidate]:
+    """The base plan's ranks repacked into more micro-batches, up to ``limit``, while that gets faster
+    (screened on the busiest ranks); the screened winner, timed on every rank."""
+    layout, config = timer.config.layout, timer.config
+    screened: list[Candidate] = []
+    busiest = timer.busiest(base.plan)
+    best, best_count, stale, count = base.seconds, base.num_microbatches, 0, base.num_microbatches
+    while stale < MAX_STALE_COUNTS or count < SEARCH_SPAN * best_count:
+        count = max(layout.next_legal(count), layout.align(math.ceil(count * (1 + COUNT_GROWTH))))
+        if count > limit:
+            break
+        subset = repack_ranks(busiest, timer.sizes, config, count)
+        if subset is None:
+            stale += 1
+            continue
+        seconds = timer.candidate(subset).seconds  # a lower bound of the whole plan's: fewer ranks
+        screened.append(Candidate(num_microbatches=count, seconds=seconds, plan=[]))
+        if seconds < best:
+            best, best_count, stale = seconds, count, 0
+        else:
+            stale += 1
+    if not screened:
+        return []
+    winner = choose([base, *screened], ceiling=base.seconds).num_microbatches
+    plan = repack_ranks(base.plan, timer.sizes, config, winner) if winner != base.num_microbatches else None
+    return [] if plan is None else [timer.candidate(plan)]
+
+
+def repack_ranks(
+    plan: list[RankPlan], sizes: Sequence[int], config: ScheduleConfig, count: int
+) -> list[RankPlan] | None:
+    """Every rank's samples packed into ``count`` micro-batches (step 4); ``None`` if one does not fit."""
+    cap = config.token_cap
+    assert cap is not None
+    packed = [pack_into([i for mb in rank for i in mb], sizes, cap, count) for rank in plan]
+    return None if any(bins is None for bins in packed) else packed  # type: ignore[return-value]

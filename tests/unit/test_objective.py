@@ -1,0 +1,246 @@
+"""Spec step 7: the step-time objective (hand-computed pipelines, today's plan at PP=1, properties)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+
+import pytest
+from assertions import assert_invariants
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from megatron_dpsched import CostModel, DPSchedule, build_dp_schedule
+from megatron_dpsched.core import PipelineLayout, StepTimeModel, rank_forward_times, simulate_rank, simulate_step
+from megatron_dpsched.core.invariants import ScheduleInvariantError
+from megatron_dpsched.core.steptime import slowest_makespan
+
+settings.register_profile(
+    "ci", max_examples=1500, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile("dev", max_examples=200, deadline=None)
+settings.register_profile("soak", max_examples=20000, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+TOKENS = StepTimeModel(seconds_per_token=1.0)  # forward = tokens, backward = 2 x forward
+
+
+def step_seconds(schedule: DPSchedule, step: int, model: StepTimeModel) -> float:
+    """The step's simulated time, from the public model (independent of the planner's fast path)."""
+    lengths = schedule.lengths
+    per_rank = [
+        rank_forward_times([[lengths[i] for i in mb] for mb in schedule.rank_step_micro_batches(r, step)], model=model)
+        for r in range(schedule.dp_size)
+    ]
+    return simulate_step(per_rank, layout=schedule.config.layout, model=model).seconds
+
+
+def uniform_1f1b(count: int, *, forward: float, pp: int, backward_factor: float = 2.0) -> float:
+    """1F1B of ``count`` equal micro-batches of whole-model forward ``forward``: ``(M + PP - 1) * (f + b)``
+    with per-stage ``f = forward / PP`` and ``b = backward_factor * f``."""
+    per_stage = forward / pp
+    return (count + pp - 1) * (1 + backward_factor) * per_stage
+
+
+def eight_samples(**kwargs):
+    """One rank, eight samples of 100 tokens, a cap that fits them all in one micro-batch."""
+    return build_dp_schedule([100] * 8, dp_size=1, global_batch_size=8, max_tokens_per_gpu=800, **kwargs)
+
+
+def test_pp4_without_overhead_runs_one_sample_per_micro_batch():
+    default = eight_samples(pp_size=4)
+    assert default.num_microbatches == (1,)
+    assert step_seconds(default, 0, TOKENS) == uniform_1f1b(1, forward=800, pp=4) == 2400
+    ours = eight_samples(pp_size=4, step_time_model=TOKENS)
+    assert ours.num_microbatches == (8,)
+    assert step_seconds(ours, 0, TOKENS) == uniform_1f1b(8, forward=100, pp=4) == 825
+    assert_invariants(ours, [100] * 8)
+
+
+def even_split_in_pipeline_order(count: int, *, samples: int, length: int, overhead: float) -> list[float]:
+    """Forward times of ``samples`` equal samples dealt as evenly as possible into ``count`` micro-batches,
+    cheapest at both ends (spec steps 4 and 6, restated for equal samples)."""
+    per = sorted((samples // count + (b < samples % count)) * length + overhead for b in range(count))
+    return per[0::2] + per[1::2][::-1]
+
+
+def test_pp4_with_overhead_stops_where_the_overhead_outweighs_the_bubble():
+    model = StepTimeModel(seconds_per_token=1.0, seconds_per_microbatch=100.0)
+    uniform = {m: uniform_1f1b(m, forward=800 / m + 100, pp=4) for m in (1, 2, 4, 8)}
+    assert uniform == {1: 2700, 2: 1875, 4: 1575, 8: 1650}
+    shape = PipelineLayout(pp_size=4)
+    times = {m: simulate_rank(even_split_in_pipeline_order(m, samples=8, length=100, overhead=100.0),
+                              layout=shape, model=model).makespan for m in range(1, 9)}
+    assert all(times[m] == uniform[m] for m in uniform)
+    fastest = min(times.values())
+    expected = min(m for m, t in times.items() if t <= fastest * 1.02)
+    assert times[expected] < 1575  # uneven micro-batches with the light ones at the ends beat every even split
+    ours = eight_samples(pp_size=4, step_time_model=model)
+    assert ours.num_microbatches == (expected,)
+    assert step_seconds(ours, 0, model) == times[expected]
+
+
+def test_large_overhead_keeps_fewer_micro_batches():
+    def with_overhead(seconds: float) -> DPSchedule:
+        model = StepTimeModel(seconds_per_token=1.0, seconds_per_microbatch=seconds)
+        return eight_samples(pp_size=4, step_time_model=model)
+
+    small, large = with_overhead(10.0), with_overhead(2000.0)
+    assert uniform_1f1b(1, forward=2800, pp=4) < uniform_1f1b(2, forward=2400, pp=4)  # 8400 < 9000
+    assert large.num_microbatches == (1,) < small.num_microbatches
+
+
+def test_interleaved_counts_stay_legal_and_faster():
+    lengths = [random.Random(5).randint(50, 400) for _ in range(96)]
+    kwargs = dict(dp_size=4, global_batch_size=48, max_tokens_per_gpu=4096, pp_size=4, vpp_size=2)
+    model = StepTimeModel(seconds_per_token=1.0, seconds_per_microbatch=20.0)
+    default = build_dp_schedule(lengths, **kwargs)
+    ours = build_dp_schedule(lengths, **kwargs, step_time_model=model)
+    assert_invariants(ours, lengths)
+    assert any(a > b for a, b in zip(ours.num_microbatches, default.num_microbatches))
+    for step in range(ours.num_steps):
+        assert step_seconds(ours, step, model) < step_seconds(default, step, model)
+
+
+def same_plan(a: DPSchedule, b: DPSchedule) -> bool:
+    return (a.partitions, a.micro_batch_indices, a.num_microbatches) == (b.partitions, b.micro_batch_indices,
+                                                                           b.num_microbatches)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("balance", ["tokens", "cost"])
+def test_pp1_without_overhead_is_todays_plan(seed, balance):
+    rng = random.Random(seed)
+    lengths = [max(1, int(rng.lognormvariate(6.5, 1.0))) for _ in range(256)]
+    cost_model = CostModel(hidden_size=256, num_layers=4, num_attention_heads=8)
+    model = StepTimeModel.from_cost_model(cost_model, flops_per_second=1e12) if balance == "cost" else TOKENS
+    kwargs = dict(dp_size=rng.choice([2, 4, 8]), global_batch_size=64, max_tokens_per_gpu=rng.choice([2048, 8192]),
+                  balance=balance, cost_model=cost_model if balance == "cost" else None)
+    default = build_dp_schedule(lengths, **kwargs)
+    ours = build_dp_schedule(lengths, **kwargs, step_time_model=model)
+    assert same_plan(ours, default)
+
+
+def test_balance_growth_caps_the_extra_micro_batches():
+    lengths = [100] * 64
+    kwargs = dict(dp_size=2, global_batch_size=64, max_tokens_per_gpu=3200, pp_size=4)
+    free = build_dp_schedule(lengths, **kwargs, step_time_model=TOKENS)
+    capped = build_dp_schedule(lengths, **kwargs, step_time_model=TOKENS, balance_growth=1.0)
+    default = build_dp_schedule(lengths, **kwargs)
+    assert default.num_microbatches == (1,)  # U = 1 per rank: 3200 tokens
+    assert 2 < free.num_microbatches[0] <= 32  # at most one sample per micro-batch: the bound B
+    assert capped.num_microbatches == (2,)  # U * (1 + balance_growth)
+    assert step_seconds(free, 0, TOKENS) < step_seconds(capped, 0, TOKENS) < step_seconds(default, 0, TOKENS)
+
+
+def test_the_token_cap_is_never_exceeded():
+    rng = random.Random(11)
+    lengths = [rng.randint(1, 5000) for _ in range(300)]
+    schedule = build_dp_schedule(lengths, dp_size=3, global_batch_size=100, max_tokens_per_gpu=4096, pp_size=3,
+                                 step_time_model=StepTimeModel(seconds_per_token=1e-3, seconds_per_microbatch=0.01))
+    for rank in range(3):
+        for step in range(schedule.num_steps):
+            for mb in schedule.rank_step_micro_batches(rank, step):
+                assert len(mb) == 1 or sum(lengths[i] for i in mb) <= 4096
+    assert_invariants(schedule, lengths)
+
+
+def test_json_round_trip_keeps_the_model():
+    schedule = eight_samples(pp_size=4, step_time_model=TOKENS)
+    again = DPSchedule.from_dict(json.loads(json.dumps(schedule.to_dict())))
+    assert again == schedule and again.config.step_time_model == TOKENS
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    (dict(step_time_model=1.0), "step_time_model must be a StepTimeModel"),
+    (dict(step_time_model={"seconds_per_token": 1.0, "bogus": 2}), "step_time_model"),
+    (dict(step_time_model={"seconds_per_token": -1.0}), "seconds_per_token"),
+    (dict(step_time_model=TOKENS, balance="none"), "balance"),
+])
+def test_bad_step_time_model_is_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        eight_samples(**kwargs)
+
+
+def test_static_batching_refuses_a_step_time_model():
+    with pytest.raises(ValueError, match="needs max_tokens_per_gpu"):
+        build_dp_schedule([10] * 4, dp_size=1, global_batch_size=4, micro_batch_size=1, step_time_model=TOKENS)
+
+
+def test_checker_rejects_a_step_time_plan_with_needless_micro_batches():
+    schedule = eight_samples(pp_size=4, step_time_model=TOKENS)  # 8 micro-batches of one sample: B = 8
+    padded = dataclasses.replace(
+        schedule, micro_batch_indices=(schedule.micro_batch_indices[0] + ((),),), num_microbatches=(9,)
+    )
+    with pytest.raises(ScheduleInvariantError, match="invariant 4: .* more than max"):
+        padded.check()
+    dataclasses.replace(padded, config=dataclasses.replace(padded.config, step_time_model=None)).check()
+
+
+def test_checker_rejects_a_count_below_the_lower_bound():
+    schedule = build_dp_schedule([100] * 8, dp_size=1, global_batch_size=8, max_tokens_per_gpu=400)
+    assert schedule.num_microbatches == (2,)
+    merged = dataclasses.replace(schedule, micro_batch_indices=((tuple(range(8)),),), num_microbatches=(1,))
+    with pytest.raises(ScheduleInvariantError, match="invariant 2"):  # the cap breaks first
+        merged.check()
+
+
+@st.composite
+def step_time_cases(draw):
+    cap = draw(st.integers(16, 4096))
+    lengths = draw(st.lists(st.integers(1, 2 * cap), min_size=1, max_size=80))
+    pp = draw(st.integers(1, 4))
+    vpp = draw(st.sampled_from([1, 2])) if pp > 1 else 1
+    model = StepTimeModel(
+        seconds_per_token=draw(st.sampled_from([0.0, 1e-3, 1.0])),
+        seconds_per_token_pair=draw(st.sampled_from([0.0, 1e-6])),
+        seconds_per_microbatch=draw(st.sampled_from([0.0, 0.01, 1.0, 100.0])),
+        backward_factor=draw(st.sampled_from([1.0, 2.0])),
+    )
+    dp = draw(st.integers(1, min(6, len(lengths))))
+    kwargs = dict(
+        dp_size=dp,
+        global_batch_size=draw(st.integers(max(dp, len(lengths) // 3 + 1), 40)),
+        max_tokens_per_gpu=cap, pp_size=pp, vpp_size=vpp,
+        balance=draw(st.sampled_from(["cost", "tokens"])),
+        balance_growth=draw(st.sampled_from([0.0, 0.0, 0.5])),
+        cost_model=draw(st.sampled_from([None, CostModel(hidden_size=64, num_layers=2, num_attention_heads=4)])),
+    )
+    return lengths, kwargs, model
+
+
+@settings(max_examples=400)
+@given(step_time_cases())
+def test_step_time_plans_are_never_slower_and_keep_every_invariant(case):
+    lengths, kwargs, model = case
+    default = build_dp_schedule(lengths, **kwargs)
+    ours = build_dp_schedule(lengths, **kwargs, step_time_model=model)
+    assert_invariants(ours, lengths)
+    for step in range(ours.num_steps):
+        assert step_seconds(ours, step, model) <= step_seconds(default, step, model) * (1 + 1e-12)
+
+
+@settings(max_examples=300)
+@given(st.lists(st.integers(1, 3000), min_size=1, max_size=60), st.integers(64, 4096), st.integers(1, 5))
+def test_pp1_without_overhead_never_changes_a_balanced_plan_at_the_lower_bound(lengths, cap, dp):
+    kwargs = dict(dp_size=min(dp, len(lengths)), global_batch_size=len(lengths), max_tokens_per_gpu=cap,
+                  balance="tokens")
+    default = build_dp_schedule(lengths, **kwargs)
+    stats = default.stats()[0]
+    ours = build_dp_schedule(lengths, **kwargs, step_time_model=TOKENS)
+    if stats.num_microbatches == stats.lower_bound and stats.empty_microbatches == 0:
+        assert same_plan(ours, default)
+
+
+@settings(max_examples=200)
+@given(st.data())
+def test_the_fast_path_is_simulate_step(data):
+    pp = data.draw(st.integers(1, 4))
+    shape = PipelineLayout(pp_size=pp, vpp_size=data.draw(st.sampled_from([1, 2])) if pp > 1 else 1)
+    count = shape.align(data.draw(st.integers(1, 12)))
+    ranks = data.draw(st.lists(st.lists(st.floats(0, 10), min_size=count, max_size=count), min_size=1, max_size=4))
+    model = StepTimeModel(seconds_per_token=1.0, backward_factor=data.draw(st.sampled_from([0.5, 2.0])))
+    expected = simulate_step(ranks, layout=shape, model=model).seconds
+    assert slowest_makespan([tuple(r) for r in ranks], layout=shape, backward_factor=model.backward_factor) == expected
