@@ -1,7 +1,7 @@
 """Benchmark the step-time objective: simulated pipeline step time of the plans, against an exhaustive search.
 
-For each length file (``megatron_dpsched/data/*.txt`` and ``../shared/data/lengths`` or
-``--lengths-dir``), pipeline layout (PP=1, PP=4, PP=4 with VPP=2), DP size and token cap, it
+For each length file (those shipped in ``megatron_dpsched/data`` and those of ``--lengths-dir``
+where it exists, see :mod:`bench_common`), pipeline layout (PP=1, PP=4, PP=4 with VPP=2), DP size and token cap, it
 plans ``--steps`` steps of ``--samples-per-rank`` samples per rank (balance by the FLOPs of a
 Llama-3-8B-shaped model) and simulates every step on Megatron's schedule with a step-time
 model from the same FLOPs at ``--tflops`` per GPU plus ``--overhead-ms`` per micro-batch:
@@ -15,9 +15,9 @@ model from the same FLOPs at ``--tflops`` per GPU plus ``--overhead-ms`` per mic
 It prints the summed step times, ``step-time / exhaustive`` (targets: <= 1.02 at PP=1, <= 1.05
 with PP=4) and the planning time of 65,536 samples on 512 ranks (target < 0.5 s of CPU time; the
 wall time is printed too). Misses are
-printed; the exit status is 0 whenever it ran::
+printed; the exit status is 0 whenever it ran (``--check``: 1 on a miss)::
 
-    python scripts/bench_steptime.py --markdown docs/bench_steptime.md --readme README.md
+    .venv/bin/python scripts/bench_steptime.py --markdown docs/bench_steptime.md --readme README.md
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from bench_common import DEFAULT_LENGTHS_DIR, length_files, update_marked_block
 
 from megatron_dpsched import CostModel, DPSchedule, build_dp_schedule
 from megatron_dpsched.cli import read_lengths
@@ -172,39 +174,19 @@ def misses(rows: list[Row], timings: list[tuple[str, float, float]]) -> list[str
     return out
 
 
-README_START = "<!-- bench_steptime:start (written by scripts/bench_steptime.py --readme) -->"
-README_END = "<!-- bench_steptime:end -->"
-
-
-def update_readme(path: Path, text: str) -> None:
-    content = path.read_text(encoding="utf-8")
-    if README_START not in content or README_END not in content:
-        raise ValueError(f"--readme: {path} has no bench_steptime markers")
-    head, rest = content.split(README_START, 1)
-    _, tail = rest.split(README_END, 1)
-    path.write_text(f"{head}{README_START}\n{text}\n{README_END}{tail}", encoding="utf-8")
-
-
-def length_files(lengths_dir: Path) -> dict[str, Path]:
-    """Shipped files first; a file of the same name under ``lengths_dir`` replaces it."""
-    shipped = Path(__file__).resolve().parents[1] / "megatron_dpsched" / "data"
-    files = {p.stem: p for p in sorted(shipped.glob("*.txt"))}
-    files.update({p.stem: p for p in sorted(lengths_dir.glob("*.txt"))} if lengths_dir.is_dir() else {})
-    return files
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths-dir", type=Path,
-                        default=Path(__file__).resolve().parents[2] / "shared" / "data" / "lengths")
+    parser.add_argument("--lengths-dir", type=Path, default=DEFAULT_LENGTHS_DIR,
+                        help="more length files (*.txt) besides the shipped ones (default: ../shared/data/lengths)")
     parser.add_argument("--dp", type=int, nargs="+", default=[8, 64])
     parser.add_argument("--caps", type=int, nargs="+", default=[4096, 16384])
     parser.add_argument("--samples-per-rank", type=int, default=32)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--tflops", type=float, default=400.0, help="sustained TFLOP/s per GPU")
     parser.add_argument("--overhead-ms", type=float, default=10.0, help="fixed forward ms per micro-batch")
-    parser.add_argument("--markdown", type=Path)
-    parser.add_argument("--readme", type=Path)
+    parser.add_argument("--markdown", type=Path, help="also write the full table here")
+    parser.add_argument("--readme", type=Path, help="replace the summary between this file's markers")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed (default: exit 0)")
     return parser.parse_args(argv)
 
 
@@ -226,10 +208,10 @@ def main(argv: list[str] | None = None, *, log: Callable[[str], None] = print) -
     if args.markdown:
         args.markdown.write_text(table + "\n\n" + text + "\n", encoding="utf-8")
     if args.readme:
-        update_readme(args.readme, text)
+        update_marked_block(args.readme, "bench_steptime", text)
     missed = misses(rows, timings)
     log("targets: all met" if not missed else "targets missed:\n  " + "\n  ".join(missed))
-    return 0
+    return 1 if missed and args.check else 0
 
 
 if __name__ == "__main__":
