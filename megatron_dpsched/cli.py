@@ -267,7 +267,10 @@ def _fail(message: object) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``megatron-dpsched`` command."""
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as stop:  # --help (0) or a bad option (2, one line printed)
+        return stop.code if isinstance(stop.code, int) else 2
     try:
         return _run_plan(args) if args.command == "plan" else _run_check(args)
     except (ValueError, ScheduleInvariantError) as error:
