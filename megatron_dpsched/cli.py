@@ -18,7 +18,17 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from megatron_dpsched.core import DPSchedule, ScheduleConfig, ScheduleInvariantError
-from megatron_dpsched.whatif.analysis import PlanWarning, Simulation, WhatIf, compare, plan_strategies, plan_warnings
+from megatron_dpsched.whatif.analysis import (
+    BASELINE_NAMES,
+    OURS,
+    PlanWarning,
+    Simulation,
+    WhatIf,
+    compare,
+    plan_baselines,
+    plan_ours,
+    plan_warnings,
+)
 from megatron_dpsched.whatif.inputs import load_sample_lengths, read_lengths
 from megatron_dpsched.whatif.model import model_from_flags
 from megatron_dpsched.whatif.progress import Progress
@@ -200,13 +210,15 @@ def _what_if(args: argparse.Namespace) -> tuple[WhatIf, str, str]:
     steps = len(lengths) // gbs if config.drop_last else -(-len(lengths) // gbs)
     try:
         with Progress("planning", steps, enabled=shown) as bar:
-            schedules = plan_strategies(lengths, config=config, cost_model=model, tick=bar.update)
-        with Progress("simulating", schedules["dpsched"].num_steps, enabled=shown) as bar:
+            ours = plan_ours(lengths, config=config, cost_model=model, tick=bar.update)
+        with Progress("baselines", len(BASELINE_NAMES) if config.token_cap else 0, enabled=shown) as bar:
+            schedules = {OURS: ours, **plan_baselines(ours, tick=bar.update)}
+        with Progress("simulating", schedules[OURS].num_steps, enabled=shown) as bar:
             compared = compare(schedules, simulation=simulation, tick=bar.update)
     except ValueError as error:
         raise ValueError(_as_flags(str(error))) from None
     report = WhatIf(config=config, simulation=simulation, schedules=schedules, steps=compared,
-                    warnings=plan_warnings(schedules["dpsched"]))
+                    warnings=plan_warnings(schedules[OURS]))
     return report, f"{args.input} ({kind})", model_source
 
 
@@ -223,7 +235,7 @@ def _run_plan(args: argparse.Namespace) -> int:
     _warn(report.warnings)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as handle:
-            json.dump(report.schedules["dpsched"].to_dict(), handle)
+            json.dump(report.schedules[OURS].to_dict(), handle)
     plots = []
     if args.plot_dir:
         from megatron_dpsched.whatif.plots import write_plots

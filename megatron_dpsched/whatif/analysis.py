@@ -205,16 +205,21 @@ def _step_plans(schedule: DPSchedule, *, offset: int) -> list[list[list[int]]]:
     ]
 
 
-def plan_strategies(
-    lengths: Sequence[int], *, config: ScheduleConfig, cost_model: CostModel, tick: Tick | None = None
-) -> dict[str, DPSchedule]:
-    """``dpsched`` and, with a token cap, the baselines (costs of the cost model for every plan)."""
-    ours = plan_ours(lengths, config=config, cost_model=cost_model, tick=tick)
-    plans = {OURS: ours}
-    if config.token_cap is not None:
+def plan_baselines(ours: DPSchedule, *, tick: Tick | None = None) -> dict[str, DPSchedule]:
+    """With a token cap, each baseline's plan of the same samples (costs of ``ours`` for every plan)."""
+    plans = {}
+    if ours.config.token_cap is not None:
         for name in BASELINE_NAMES:
-            plans[name] = build_baseline_schedule(name, lengths, config=config, costs=ours.costs)
+            plans[name] = build_baseline_schedule(name, ours.lengths, config=ours.config, costs=ours.costs)
+            if tick is not None:
+                tick(1)
     return plans
+
+
+def plan_strategies(lengths: Sequence[int], *, config: ScheduleConfig, cost_model: CostModel) -> dict[str, DPSchedule]:
+    """``dpsched`` first, then the baselines that apply."""
+    ours = plan_ours(lengths, config=config, cost_model=cost_model)
+    return {OURS: ours, **plan_baselines(ours)}
 
 
 class _Timer:

@@ -54,7 +54,7 @@ def plot_rank_load(report: WhatIf, step: int) -> Figure:
 
 def plot_microbatch_sizes(report: WhatIf) -> Figure:
     """Histogram of real tokens per micro-batch over all steps, one outline per strategy, the cap marked."""
-    figure = _figure(7.5, 4.5)
+    figure = _figure(10.5, 4.5)
     axis = figure.subplots()
     cap = report.config.token_cap
     sizes = {name: _microbatch_tokens(report, name) for name in report.strategies}
@@ -70,7 +70,7 @@ def plot_microbatch_sizes(report: WhatIf) -> Figure:
     axis.set_xlabel("real tokens per micro-batch")
     axis.set_ylabel("micro-batches (all ranks, all steps)")
     axis.yaxis.get_major_locator().set_params(integer=True)
-    axis.legend(fontsize=8)
+    axis.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return figure
 
 
@@ -102,6 +102,8 @@ def plot_timeline(report: WhatIf, step: int) -> Figure:
         axis.set_ylim(stages - 0.5, -0.5)
     axes[-1].set_xlabel(f"time ({unit})")
     handles = [_patch("tab:blue", "forward"), _patch("tab:orange", "backward")]
+    if report.config.vpp_size > 1:
+        handles.append(_patch("lightgrey", "lighter: odd model chunks"))
     axes[0].legend(handles=handles, loc="upper right", fontsize=8)
     return figure
 

@@ -12,7 +12,7 @@ class Progress:
 
     def __init__(self, label: str, total: int, *, enabled: bool, stream: TextIO | None = None,
                  interval: float = 0.1) -> None:
-        self.label, self.total, self.enabled = label, max(1, total), enabled
+        self.label, self.total, self.enabled = label, max(1, total), enabled and total > 0
         self.stream = sys.stderr if stream is None else stream
         self.interval, self.done, self._drawn = interval, 0, 0.0
 
