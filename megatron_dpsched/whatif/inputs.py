@@ -80,12 +80,14 @@ def read_indexed_lengths(prefix: str) -> list[int]:
     except ImportError as error:
         raise ValueError(f"reading the indexed dataset {prefix} needs megatron-core ({error})") from None
     try:
-        sizes = IndexedDataset(prefix).sequence_lengths
+        dataset = IndexedDataset(prefix)
+        sizes = dataset.sequence_lengths.tolist()  # a copy: the array maps the index, closed with the dataset
+        del dataset
     except Exception as error:  # a corrupt index raises whatever numpy or struct raise
         raise ValueError(f"{prefix}.idx could not be read as a Megatron index ({error})") from None
     if len(sizes) == 0:
         raise ValueError(f"{prefix} holds no sequences")
-    if int(sizes.min()) < 2:
+    if min(sizes) < 2:
         raise ValueError(f"{prefix}: every sequence needs at least 2 token ids")
     return [int(n) - 1 for n in sizes]
 
