@@ -1,0 +1,9 @@
+"""The planner as a what-if tool: compare a plan with Megatron's fixed micro-batches and per-rank packing.
+
+* :mod:`.inputs`: sample lengths from a length file, a JSONL corpus or an indexed dataset.
+* :mod:`.analysis`: per-step figures and simulated step times of every strategy, warnings.
+* :mod:`.report`: the side-by-side table and the JSON document.
+* :mod:`.plots`: PNGs of a step's per-rank load, the micro-batch sizes and the pipeline timeline.
+
+Pure Python except :mod:`.plots` (matplotlib, imported when called) and indexed datasets (megatron-core).
+"""

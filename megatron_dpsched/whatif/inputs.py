@@ -1,0 +1,114 @@
+"""Sample lengths from the inputs ``megatron-dpsched plan`` takes.
+
+* a length file: token counts separated by whitespace (one per line, or several on a line);
+* a JSONL corpus (``*.jsonl``, ``{"tokens": [ids]}`` per line): a row of ``L`` ids is a sample of
+  ``L - 1`` positions, as :class:`megatron_dpsched.data.TokenJsonlDataset` reads it (no torch needed here);
+* a Megatron indexed dataset ``PREFIX`` (``PREFIX.bin`` and ``PREFIX.idx``; ``PREFIX.bin`` or
+  ``PREFIX.idx`` name it too): lengths from the index, ``sequence_lengths - 1``, through megatron-core.
+
+Every problem raises ``ValueError`` naming the file (and line), never a traceback-worthy error.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from megatron_dpsched.core.validation import MAX_TOKENS
+
+
+def read_lengths(path: str) -> list[int]:
+    """Token counts of a length file: integers separated by whitespace; blank lines are skipped."""
+    lengths: list[int] = []
+    for number, line in enumerate(_text_lines(path), 1):
+        for word in line.split():
+            lengths.append(_token_count(word, f"{path}:{number}"))
+    if not lengths:
+        raise ValueError(f"{path} holds no token counts (a length file has one positive integer per sample)")
+    return lengths
+
+
+def _token_count(word: str, where: str) -> int:
+    try:
+        value = int(word)
+    except ValueError:
+        raise ValueError(f"{where}: not an integer token count: {word!r}") from None
+    if not 1 <= value <= MAX_TOKENS:
+        raise ValueError(f"{where}: token count {value} is out of range (1..{MAX_TOKENS})")
+    return value
+
+
+def _text_lines(path: str) -> list[str]:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read().splitlines()
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not a text file") from None
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ValueError(f"{path} is a directory, not a file") from None
+
+
+def read_jsonl_lengths(path: str) -> list[int]:
+    """Sample lengths of a JSONL token corpus: ``len(tokens) - 1`` per non-blank line."""
+    lengths = []
+    for number, line in enumerate(_text_lines(path), 1):
+        if line.strip():
+            lengths.append(_row_length(line, f"{path}:{number}"))
+    if not lengths:
+        raise ValueError(f"{path} holds no samples (expected {{\"tokens\": [ids]}} per line)")
+    return lengths
+
+
+def _row_length(line: str, where: str) -> int:
+    try:
+        tokens = json.loads(line)["tokens"]
+    except (json.JSONDecodeError, KeyError, TypeError, RecursionError):
+        raise ValueError(f"{where}: expected {{\"tokens\": [ids]}}") from None
+    if not isinstance(tokens, list) or len(tokens) < 2:
+        raise ValueError(f"{where}: \"tokens\" must be a list of at least 2 token ids")
+    if len(tokens) - 1 > MAX_TOKENS:
+        raise ValueError(f"{where}: {len(tokens) - 1} positions is more than {MAX_TOKENS}")
+    return len(tokens) - 1
+
+
+def read_indexed_lengths(prefix: str) -> list[int]:
+    """Sample lengths of a Megatron indexed dataset, read from its index by megatron-core."""
+    try:
+        from megatron.core.datasets.indexed_dataset import IndexedDataset
+    except ImportError as error:
+        raise ValueError(f"reading the indexed dataset {prefix} needs megatron-core ({error})") from None
+    try:
+        dataset = IndexedDataset(prefix)
+        sizes = dataset.sequence_lengths.tolist()  # a copy: the array maps the index, closed with the dataset
+        del dataset
+    except Exception as error:  # a corrupt index raises whatever numpy or struct raise
+        raise ValueError(f"{prefix}.idx could not be read as a Megatron index ({error})") from None
+    if len(sizes) == 0:
+        raise ValueError(f"{prefix} holds no sequences")
+    if min(sizes) < 2:
+        raise ValueError(f"{prefix}: every sequence needs at least 2 token ids")
+    return [int(n) - 1 for n in sizes]
+
+
+def indexed_prefix(path: str) -> str | None:
+    """The prefix of an indexed dataset that ``path`` names (``PREFIX``, ``PREFIX.bin``, ``PREFIX.idx``), else None."""
+    for suffix in (".bin", ".idx"):
+        if path.endswith(suffix):
+            path = path[: -len(suffix)]
+            break
+    found = all(Path(path + suffix).is_file() for suffix in (".bin", ".idx"))
+    return path if found else None
+
+
+def load_sample_lengths(path: str) -> tuple[list[int], str]:
+    """Lengths of every sample of ``path`` and the kind of input (``length file``, ``JSONL``, ``indexed``)."""
+    if path.endswith(".jsonl"):
+        return read_jsonl_lengths(path), "JSONL corpus"
+    prefix = indexed_prefix(path)
+    if (prefix is not None and not Path(path).is_file()) or path.endswith((".bin", ".idx")):
+        if prefix is None:
+            raise ValueError(f"{path}: an indexed dataset needs both PREFIX.bin and PREFIX.idx")
+        return read_indexed_lengths(prefix), "indexed dataset"
+    return read_lengths(path), "length file"

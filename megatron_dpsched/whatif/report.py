@@ -1,0 +1,120 @@
+"""The side-by-side table and the JSON document of a :class:`~.analysis.WhatIf`."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Iterator
+from dataclasses import asdict
+from typing import Any
+
+from megatron_dpsched.whatif.analysis import LABELS, OURS, StepComparison, StrategyStep, StrategyTotal, WhatIf
+from megatron_dpsched.whatif.model import describe_model
+
+COLUMNS_HELP = (
+    "mb: micro-batches per DP rank; fill: token fill, the real tokens that fit the cap / (mb x DP x cap), "
+    "100% = every micro-batch full; imb: imbalance, the busiest DP rank's FLOPs / the mean rank's - 1, in %; "
+    "pad: padding share of the computed tokens, in %; time: simulated forward-backward step time; "
+    "speedup: a baseline's time / dp-schedule's; *: Megatron refuses the step (see the warnings)"
+)
+
+
+def layout_title(report: WhatIf) -> str:
+    """``DP 8, PP 2, VPP 1, CP 1, TP 1, cap 16384 tokens``: the layout in a line (plot titles, table header)."""
+    config = report.config
+    batching = (f"cap {config.max_tokens_per_gpu} tokens/GPU" if config.max_tokens_per_gpu is not None
+                else f"micro-batch size {config.micro_batch_size}")
+    return (f"DP {config.dp_size}, PP {config.pp_size}, VPP {config.vpp_size}, CP {config.cp_size}, "
+            f"TP {report.simulation.tp_size}, {batching}")
+
+
+def time_unit(report: WhatIf) -> tuple[str, float]:
+    """Seconds, or milliseconds when every step is shorter than a second: the unit and the factor."""
+    longest = max(step.strategies[name].seconds for step in report.steps for name in report.strategies)
+    return ("s", 1.0) if longest >= 1.0 else ("ms", 1e3)
+
+
+def _cells(row: StrategyStep | StrategyTotal, scale: float, *, capped: bool) -> str:
+    fill = f"{100 * row.token_fill:5.1f}" if capped else "    -"
+    return (f"{row.micro_batches:6d} {fill} {100 * row.imbalance:5.1f} {100 * row.padding_share:5.1f} "
+            f"{row.seconds * scale:9.2f}")
+
+
+SPEEDUP_HEADERS = {"megatron_fixed": "vs fixed", "per_rank_first_fit": "vs per-rank"}
+
+
+def table_lines(report: WhatIf, *, header: list[str]) -> Iterator[str]:
+    """The table, a line at a time: ``header`` lines, column groups, one line per step, the totals."""
+    unit, scale = time_unit(report)
+    names, baselines = report.strategies, report.strategies[1:]
+    capped = report.config.token_cap is not None
+    yield from header
+    yield from textwrap.wrap("columns per strategy: " + COLUMNS_HELP, width=110, subsequent_indent="  ")
+    cells = f"{'mb':>6s} {'fill%':>5s} {'imb%':>5s} {'pad%':>5s} {'time ' + unit:>9s}"
+    groups = f"{'':13s}" + "".join(f" | {LABELS[name]:^{len(cells)}s}" for name in names)
+    yield groups + (f" | {'speedup of dp-schedule':^{14 * len(baselines) - 3}s}".rstrip() if baselines else "")
+    yield "step samples " + "".join(f" | {cells}" for _ in names) + "".join(
+        f" | {SPEEDUP_HEADERS[b]:>11s}" for b in baselines)
+    unit_size = (report.config.micro_batch_size or 1) * report.config.dp_size
+    for step in report.steps:
+        mark = "*" if step.samples % unit_size else " "
+        yield (f"{step.step:4d} {step.samples:7d}{mark}" + "".join(
+            f" | {_cells(step.strategies[n], scale, capped=capped)}" for n in names)
+            + "".join(f" | {step.speedup(b):10.2f}x" for b in baselines))
+    samples = sum(step.samples for step in report.steps)
+    yield (f"{'all':>4s} {samples:7d} " + "".join(f" | {_cells(report.total(n), scale, capped=capped)}"
+                                                   for n in names)
+           + "".join(f" | {report.total_speedup(b):10.2f}x" for b in baselines))
+    yield ("all: micro-batches and times summed over steps, fill and padding over all tokens, imbalance the "
+           "mean over steps")
+
+
+def header_lines(report: WhatIf, *, source: str, model_source: str) -> list[str]:
+    """What was planned: input, layout, model, throughput."""
+    config, simulation = report.config, report.simulation
+    samples = len(report.schedules[OURS].lengths)
+    return [
+        f"input: {source}, {samples} samples; global batch {config.global_batch_size}, "
+        f"{len(report.steps)} steps; balance {config.balance}",
+        f"layout: {layout_title(report)}; packed micro-batches as {simulation.collate_format} "
+        "(Megatron fixed: padded rows)",
+        f"model: {describe_model(simulation.cost_model)} ({model_source}); "
+        f"{simulation.flops_per_gpu / 1e12:g} TFLOP/s per GPU, "
+        f"{simulation.seconds_per_microbatch * 1e3:g} ms per micro-batch",
+    ]
+
+
+def _strategy_json(row: StrategyStep | StrategyTotal) -> dict[str, Any]:
+    data = asdict(row)
+    data["padding_share"] = row.padding_share
+    return data
+
+
+def _step_json(step: StepComparison, baselines: tuple[str, ...]) -> dict[str, Any]:
+    return {
+        "step": step.step, "samples": step.samples, "tokens": step.tokens,
+        "strategies": {name: _strategy_json(row) for name, row in step.strategies.items()},
+        "speedup": {name: step.speedup(name) for name in baselines},
+    }
+
+
+def report_json(report: WhatIf, *, source: str, model_source: str, plots: list[str]) -> dict[str, Any]:
+    """The machine-readable report (``--json``): layout, model, per-step figures, totals, warnings."""
+    baselines = report.strategies[1:]
+    return {
+        "input": source,
+        "samples": len(report.schedules[OURS].lengths),
+        "config": asdict(report.config),
+        "tp_size": report.simulation.tp_size,
+        "simulation": {**asdict(report.simulation), "cost_model_source": model_source},
+        "strategies": list(report.strategies),
+        "columns": COLUMNS_HELP,
+        "steps": [_step_json(step, baselines) for step in report.steps],
+        "total": {
+            "samples": sum(step.samples for step in report.steps),
+            "strategies": {name: asdict(report.total(name)) for name in report.strategies},
+            "speedup": {name: report.total_speedup(name) for name in baselines},
+        },
+        "warnings": [asdict(warning) for warning in report.warnings],
+        "plots": plots,
+    }
+
