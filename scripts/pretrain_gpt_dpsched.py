@@ -232,7 +232,10 @@ def install_recorder(args: argparse.Namespace) -> None:
     if not args.step_stats_dir or "recorder" in _state:
         return
     ranks = {"dp_rank": mpu.get_data_parallel_rank(), "pp_rank": mpu.get_pipeline_model_parallel_rank(),
-             "tp_rank": mpu.get_tensor_model_parallel_rank()}
+             "tp_rank": mpu.get_tensor_model_parallel_rank(), "dp_size": mpu.get_data_parallel_world_size(),
+             "pp_size": mpu.get_pipeline_model_parallel_world_size(),
+             "vpp_size": args.virtual_pipeline_model_parallel_size or 1,
+             "tp_size": mpu.get_tensor_model_parallel_world_size(), "cp_size": mpu.get_context_parallel_world_size()}
     _state["recorder"] = StepRecorder(args.step_stats_dir, rank=torch.distributed.get_rank(), ranks=ranks)
     _state["recorder"].install(training)  # after setup_dp_schedule's enable(), which checks the original train_step
 

@@ -42,12 +42,18 @@ of a dense GPT layer of width 4096 without logits (see :data:`DEFAULT_ATTENTION_
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
 from functools import cached_property
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from megatron_dpsched.core.validation import is_int, is_real, require_bool, require_costs, require_int
+
+if TYPE_CHECKING:
+    from megatron_dpsched.core.steptime import StepTimeModel
 
 MAX_DIMENSION = 2**31 - 1
 """Upper bound on a model dimension (a guard on absurd sizes)."""
@@ -206,6 +212,27 @@ class CostModel:
         """Training FLOPs (forward + backward) for one sample of ``length`` tokens."""
         return 3.0 * (float(length) * self.linear_flops_per_token + self.attention_flops(length))
 
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as JSON values (``moe_layer_freq`` a list when it is a per-layer pattern)."""
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        if isinstance(self.moe_layer_freq, tuple):
+            data["moe_layer_freq"] = list(self.moe_layer_freq)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, name: str = "cost_model") -> CostModel:
+        """The model :meth:`to_dict` gave; a ``ValueError`` names ``name``'s bad or unknown field."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{name} must be an object of CostModel fields, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"{name}.{unknown[0]} is not a CostModel field (known: {', '.join(sorted(known))})")
+        try:
+            return cls(**data)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{name}: {error}") from None
+
     @classmethod
     def from_megatron_args(cls, args: Any) -> CostModel:
         """Build from a Megatron ``args`` namespace (read by attribute, no Megatron import)."""
@@ -321,3 +348,127 @@ def sample_costs(
             cost = cache[length] = cost_model(length)
         costs.append(cost)
     return require_costs(costs, len(lengths))
+
+
+COST_MODEL_FILE_FORMAT = "megatron-dpsched-cost-model"
+"""The ``format`` field of a cost-model file (what ``megatron-dpsched calibrate`` writes)."""
+COST_MODEL_FILE_VERSION = 1
+"""The ``version`` field this code writes and reads."""
+STEP_TIME_FIELDS = ("seconds_per_token", "seconds_per_token_pair", "seconds_per_microbatch", "backward_factor")
+"""The step-time coefficients a cost-model file holds (the fields of ``StepTimeModel``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostModelFile:
+    """A cost-model file: measured step-time coefficients (rule 1 of ``core/steptime.py``), optionally the
+    FLOPs model of the GPT they were measured on, and the fit that produced them.
+
+    As JSON::
+
+        {"format": "megatron-dpsched-cost-model", "version": 1,
+         "step_time_model": {"seconds_per_token": a, "seconds_per_token_pair": b,
+                             "seconds_per_microbatch": c, "backward_factor": k},
+         "cost_model": {CostModel fields} or null, "fit": {...} or null}
+    """
+
+    seconds_per_token: float
+    """Forward seconds per real token over the whole model."""
+    seconds_per_token_pair: float
+    """Forward seconds per unit of ``sum(length ** 2)`` (the attention term)."""
+    seconds_per_microbatch: float
+    """Fixed forward seconds of every micro-batch."""
+    backward_factor: float = 2.0
+    """Backward time / forward time of the same micro-batch."""
+    cost_model: CostModel | None = None
+    """The FLOPs model of the measured GPT, kept for reference; the planner balances :meth:`sample_cost`."""
+    fit: Mapping[str, Any] | None = None
+    """How the coefficients were obtained (``megatron-dpsched calibrate``'s report); not read by the planner."""
+
+    def __post_init__(self) -> None:
+        for name in STEP_TIME_FIELDS:
+            value = getattr(self, name)
+            if not is_real(value) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"step_time_model.{name} must be a finite number >= 0, got {value!r}")
+        if self.backward_factor <= 0:
+            raise ValueError(f"step_time_model.backward_factor must be > 0, got {self.backward_factor!r}")
+        if self.seconds_per_token <= 0 and self.seconds_per_token_pair <= 0:
+            raise ValueError("step_time_model.seconds_per_token and seconds_per_token_pair are both 0: a sample "
+                             "would cost nothing")
+        if self.cost_model is not None and not isinstance(self.cost_model, CostModel):
+            raise ValueError(f"cost_model must be a CostModel or None, got {type(self.cost_model).__name__}")
+        if self.fit is not None and not isinstance(self.fit, Mapping):
+            raise ValueError(f"fit must be an object or null, got {type(self.fit).__name__}")
+
+    def sample_cost(self) -> GenericCostModel:
+        """What the planner balances: ``a*s + b*s^2`` up to a factor, as ``s + s^2 / (a / b)`` (``a / b``
+        kept within :class:`GenericCostModel`'s range 1..1e12)."""
+        a, b = self.seconds_per_token, self.seconds_per_token_pair
+        ratio = 1e12 if b <= 0 else min(max(a / b, 1.0), 1e12)
+        return GenericCostModel(attention_length=ratio)
+
+    def step_time_model(self) -> StepTimeModel:
+        """The ``StepTimeModel`` of these coefficients (the step-time objective's model)."""
+        from megatron_dpsched.core.steptime import StepTimeModel
+
+        return StepTimeModel(**{name: float(getattr(self, name)) for name in STEP_TIME_FIELDS})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object of the class docstring."""
+        return {"format": COST_MODEL_FILE_FORMAT, "version": COST_MODEL_FILE_VERSION,
+                "step_time_model": {name: float(getattr(self, name)) for name in STEP_TIME_FIELDS},
+                "cost_model": None if self.cost_model is None else self.cost_model.to_dict(),
+                "fit": None if self.fit is None else dict(self.fit)}
+
+    @classmethod
+    def from_dict(cls, data: object) -> CostModelFile:
+        """The file :meth:`to_dict` gave; a ``ValueError`` names the bad field."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"a cost-model file is a JSON object, got {type(data).__name__}")
+        if data.get("format") != COST_MODEL_FILE_FORMAT:
+            raise ValueError(f"format must be {COST_MODEL_FILE_FORMAT!r}, got {data.get('format')!r}")
+        if data.get("version") != COST_MODEL_FILE_VERSION:
+            raise ValueError(f"version must be {COST_MODEL_FILE_VERSION}, got {data.get('version')!r}")
+        unknown = sorted(set(data) - {"format", "version", "step_time_model", "cost_model", "fit"})
+        if unknown:
+            raise ValueError(f"{unknown[0]} is not a field of a cost-model file")
+        return cls(**_step_time_fields(data.get("step_time_model")),
+                   cost_model=None if data.get("cost_model") is None else CostModel.from_dict(data["cost_model"]),
+                   fit=data.get("fit"))
+
+    def save(self, path: str | Path) -> Path:
+        """Write the file as indented JSON; returns its path."""
+        target = Path(path)
+        target.write_text(json.dumps(self.to_dict(), indent=1) + "\n", encoding="utf-8")
+        return target
+
+    @classmethod
+    def load(cls, path: str | Path) -> CostModelFile:
+        """Read and validate a file :meth:`save` wrote; every problem is a one-line ``ValueError``."""
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ValueError(f"{path}: no such file") from None
+        except (UnicodeDecodeError, IsADirectoryError):
+            raise ValueError(f"{path} is not a text file") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path} is not JSON ({error.msg} at line {error.lineno} column {error.colno})") from None
+        try:
+            return cls.from_dict(data)
+        except ValueError as error:
+            raise ValueError(f"{path}: {error}") from None
+
+
+def _step_time_fields(data: object) -> dict[str, Any]:
+    if not isinstance(data, Mapping):
+        raise ValueError(f"step_time_model must be an object of {', '.join(STEP_TIME_FIELDS)}, "
+                         f"got {type(data).__name__}")
+    unknown = sorted(set(data) - set(STEP_TIME_FIELDS))
+    if unknown:
+        raise ValueError(f"step_time_model.{unknown[0]} is not a step-time coefficient "
+                         f"(known: {', '.join(STEP_TIME_FIELDS)})")
+    missing = [name for name in STEP_TIME_FIELDS[:3] if name not in data]
+    if missing:
+        raise ValueError(f"step_time_model.{missing[0]} is missing")
+    return dict(data)

@@ -5,17 +5,28 @@ and wraps ``megatron.training.training.train_step`` (:meth:`install`, after
 ``patch.enable()``), so each optimizer step writes one JSON line to
 ``<dir>/rank<global rank>.jsonl``::
 
-    {"step", "rank", "dp_rank", "pp_rank", "tp_rank", "iteration", "consumed_samples", "fingerprint",
-     "micro_batches", "samples", "tokens", "padded_tokens", "step_time_s", "loss", "lr", "peak_memory_bytes"
-     [, "micro_batch_ids"]}
+    {"step", "rank", "dp_rank", "pp_rank", "tp_rank", "dp_size", "pp_size", "vpp_size", "tp_size", "cp_size",
+     "iteration", "consumed_samples", "fingerprint", "micro_batches", "samples", "tokens", "padded_tokens",
+     "real_tokens", "sum_sq_lengths", "padded_sum_sq", "step_time_s", "forward_backward_s", "grad_sync_s",
+     "compute_s", "loss", "lr", "peak_memory_bytes" [, "micro_batch_ids"]}
 
 ``tokens`` are loss tokens (real sample positions), ``padded_tokens`` the
 positions the micro-batch tensors hold (padding included); ``loss`` is
 Megatron's reduced ``lm loss`` (``None`` off the last pipeline stage) and
 ``lr`` the learning rate the step used; ``step_time_s`` the wall time of
 ``train_step`` (with CUDA, up to a device synchronize at its end);
-``peak_memory_bytes`` is ``torch.cuda.max_memory_allocated()`` since the process
-started (``None`` without CUDA, as in the CPU dry run); ``iteration`` and
+``real_tokens`` and ``sum_sq_lengths`` are the sum of the step's
+sample lengths and of their squares (each sample's real tokens; a dummy micro-batch counts one
+one-token sample, as the step-time model does), ``padded_sum_sq`` the same over what the
+micro-batch tensors hold (``rows x width**2`` for a padded ``bshd`` micro-batch, the padded
+segment lengths for ``thd``); ``micro_batches`` is the micro-batch count of model chunk 0.
+``forward_backward_s`` is the wall time of Megatron's ``forward_backward_func`` within the
+step (with CUDA, up to a device synchronize), ``grad_sync_s`` the part of it spent in
+``config.finalize_model_grads_func`` (the data-parallel gradient reduction, which waits for
+the slowest rank) and ``compute_s`` the difference: this rank's own forward and backward
+work, what ``megatron-dpsched calibrate`` fits. ``peak_memory_bytes`` is
+``torch.cuda.max_memory_allocated()`` since the process started
+(``None`` without CUDA, as in the CPU dry run); ``iteration`` and
 ``consumed_samples`` Megatron's counters before the step, ``fingerprint`` the
 scheduled step's plan fingerprint (``None`` on the padded path); ``micro_batch_ids``
 (scheduled batches only) the global sample ids of each micro-batch. :func:`write_plan`
@@ -43,15 +54,18 @@ class StepRecorder:
         self.path.write_text("")
         self.ranks = {"rank": rank, **ranks}
         self.step = 0
-        self._batches: list[tuple[int, int, int]] = []
+        self._batches: list[tuple[int, int, int, int, int, int]] = []
         self._ids: list[list[int]] = []
+        self._times: dict[str, float] = {}
 
     def on_batch(self, batch: Mapping[str, Any]) -> None:
-        """Record one micro-batch: (samples, loss tokens, padded positions)."""
+        """Record one micro-batch: samples, loss tokens, padded positions and the length figures."""
         mask = batch["loss_mask"]
         ids = batch.get("sample_ids")
         samples = ids.numel() if ids is not None else batch["tokens"].shape[0]
-        self._batches.append((int(samples), int(mask.sum().item()), int(batch["tokens"].numel())))
+        real, padded = micro_batch_lengths(batch)
+        self._batches.append((int(samples), int(mask.sum().item()), int(batch["tokens"].numel()),
+                              sum(real), sum(n * n for n in real), sum(n * n for n in padded)))
         if ids is not None:
             self._ids.append([int(i) for i in ids.tolist()])
 
@@ -60,7 +74,7 @@ class StepRecorder:
         module.train_step = self.wrap(module.train_step)
 
     def wrap(self, train_step: Callable[..., Any]) -> Callable[..., Any]:
-        """``train_step`` that times the step and records its loss and learning rate."""
+        """``train_step`` that times the step and its ``forward_backward_func``, and records its loss and LR."""
 
         def timed_train_step(*args: Any, **kwargs: Any) -> Any:
             from megatron.training.global_vars import get_args
@@ -68,14 +82,54 @@ class StepRecorder:
             optimizer = kwargs.get("optimizer", args[3] if len(args) > 3 else None)
             position = {"iteration": get_args().curr_iteration, "consumed_samples": get_args().consumed_train_samples}
             lr = _learning_rate(optimizer)
+            args, kwargs = self._with_timed_forward_backward(args, kwargs)
             start = time.perf_counter()
             result = train_step(*args, **kwargs)
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()  # the step's kernels are part of its time
+            _synchronize()  # the step's kernels are part of its time
             self.write_step(time.perf_counter() - start, result[0], lr, position=position)
             return result
 
         return timed_train_step
+
+    def _with_timed_forward_backward(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """``train_step``'s arguments with its ``forward_backward_func`` (7th, after ``config``) timed."""
+        if "forward_backward_func" in kwargs:
+            config = kwargs.get("config", args[5] if len(args) > 5 else None)
+            return args, {**kwargs, "forward_backward_func": self.time_forward_backward(
+                kwargs["forward_backward_func"], config)}
+        if len(args) > 6:
+            timed = self.time_forward_backward(args[6], kwargs.get("config", args[5]))
+            return (*args[:6], timed, *args[7:]), kwargs
+        return args, kwargs
+
+    def time_forward_backward(self, func: Callable[..., Any], config: Any) -> Callable[..., Any]:
+        """``func`` timed as a whole and, within it, ``config.finalize_model_grads_func`` (the grad sync)."""
+
+        def timed_forward_backward(*args: Any, **kwargs: Any) -> Any:
+            finalize = getattr(config, "finalize_model_grads_func", None)
+            if finalize is not None:
+                config.finalize_model_grads_func = self._timed("grad_sync_s", finalize)
+            try:
+                return self._timed("forward_backward_s", func)(*args, **kwargs)
+            finally:
+                if finalize is not None:
+                    config.finalize_model_grads_func = finalize
+
+        return timed_forward_backward
+
+    def _timed(self, key: str, func: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            _synchronize()
+            start = time.perf_counter()
+            try:
+                return func(*args, **kwargs)
+            finally:
+                _synchronize()
+                self._times[key] = self._times.get(key, 0.0) + time.perf_counter() - start
+
+        return timed
 
     def write_step(
         self, seconds: float, loss_dict: Mapping[str, Any], lr: float | None, *, position: Mapping[str, int]
@@ -88,11 +142,9 @@ class StepRecorder:
         record = {
             "step": self.step, **self.ranks, **position,
             "fingerprint": None if scheduled is None else scheduled.fingerprint,
-            "micro_batches": len(self._batches),
-            "samples": sum(b[0] for b in self._batches),
-            "tokens": sum(b[1] for b in self._batches),
-            "padded_tokens": sum(b[2] for b in self._batches),
+            **self._batch_figures(),
             "step_time_s": seconds,
+            **self._step_times(),
             "loss": None if loss is None else float(loss),
             "lr": lr,
             "peak_memory_bytes": torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None,
@@ -104,6 +156,45 @@ class StepRecorder:
         self.step += 1
         self._batches = []
         self._ids = []
+        self._times = {}
+
+    def _batch_figures(self) -> dict[str, int]:
+        names = ("samples", "tokens", "padded_tokens", "real_tokens", "sum_sq_lengths", "padded_sum_sq")
+        return {"micro_batches": len(self._batches),
+                **{name: sum(b[i] for b in self._batches) for i, name in enumerate(names)}}
+
+    def _step_times(self) -> dict[str, float | None]:
+        total = self._times.get("forward_backward_s")
+        sync = self._times.get("grad_sync_s", 0.0)
+        return {"forward_backward_s": total, "grad_sync_s": sync if total is not None else None,
+                "compute_s": None if total is None else total - sync}
+
+
+def micro_batch_lengths(batch: Mapping[str, Any]) -> tuple[list[int], list[int]]:
+    """A collated micro-batch's real sample lengths and the lengths its tensors hold (padding included).
+
+    Packed (``thd``) batches give both from ``packed_seq_params``; padded rows from ``padding_mask``
+    (else ``loss_mask``), each row holding the batch's full width. A dummy (no ``sample_ids``) counts
+    one one-token sample, as :class:`~megatron_dpsched.core.steptime.StepTimeModel` does.
+    """
+    ids = batch.get("sample_ids")
+    if ids is not None and ids.numel() == 0:
+        return [1], [int(batch["tokens"].shape[-1])]
+    params = batch.get("packed_seq_params")
+    if params is not None:
+        real = params.cu_seqlens_q.diff().tolist()
+        padded = getattr(params, "cu_seqlens_q_padded", None)
+        return [int(n) for n in real], [int(n) for n in (real if padded is None else padded.diff().tolist())]
+    pad = batch.get("padding_mask")
+    kept = ~pad if pad is not None else batch["loss_mask"] > 0
+    width = int(batch["tokens"].shape[-1])
+    real = [int(n) for n in kept.reshape(-1, width).sum(-1).tolist()]
+    return real, [width] * len(real)
+
+
+def _synchronize() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def _learning_rate(optimizer: Any) -> float | None:
