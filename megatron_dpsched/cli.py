@@ -3,6 +3,7 @@
     megatron-dpsched plan LENGTHS.txt --dp-size 8 --global-batch-size 256 --max-tokens-per-gpu 16384 \\
         [--pp-size 4 --vpp-size 2 --hidden-size 4096 --num-layers 32 ...] [--plot-dir out] [--json] [-o plan.json]
     megatron-dpsched check plan.json
+    megatron-dpsched calibrate STATS_DIR -o cost_model.json [--warmup-steps 2] [--robust] [--json]
 
 Every bad input ends in one line ``megatron-dpsched: error: ...`` and exit status 2.
 """
@@ -157,9 +158,9 @@ def _add_output(plan: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``megatron-dpsched`` parser (``plan`` and ``check``)."""
+    """The ``megatron-dpsched`` parser (``plan``, ``check`` and ``calibrate``)."""
     parser = _Parser(prog=PROG, description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{plan,check}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{plan,check,calibrate}")
     plan = commands.add_parser(
         "plan", help="plan an input and compare with Megatron's fixed micro-batches and per-rank packing",
         description="Plan every step of an input with --dp-schedule's planner, Megatron's fixed micro-batches "
@@ -174,7 +175,32 @@ def build_parser() -> argparse.ArgumentParser:
     check = commands.add_parser("check", help="check the invariants of a JSON plan and print its figures",
                                 description="Check a plan written by 'megatron-dpsched plan -o'.")
     check.add_argument("plan", metavar="PLAN.json", help="the plan to check")
+    _add_calibrate(commands)
     return parser
+
+
+def _add_calibrate(commands: argparse._SubParsersAction) -> None:
+    calibrate = commands.add_parser(
+        "calibrate", help="fit the step-time model to measured step records and write a cost-model file",
+        description="Fit seconds per token, per unit of sum(length^2) and per micro-batch (non-negative least "
+                    "squares on the relative error) to the per-rank, per-step records of a PP=1 run's "
+                    "--step-stats-dir, and write the cost-model file that --dp-schedule-cost-model loads.")
+    calibrate.add_argument("stats", metavar="STATS", help="a --step-stats-dir folder (rank*.jsonl) or one JSONL file")
+    calibrate.add_argument("-o", "--output", metavar="FILE", help="write the cost-model file here (JSON)")
+    calibrate.add_argument("--warmup-steps", type=_number(int, minimum=0, strict=False), default=2, metavar="K",
+                           help="leave out the first K steps of every rank (default 2)")
+    calibrate.add_argument("--backward-factor", type=GREATER_THAN_ZERO, default=2.0, metavar="F",
+                           help="backward time / forward time, fixed (default 2)")
+    calibrate.add_argument("--robust", action="store_true",
+                           help="Huber weights (iteratively reweighted): outlier steps weigh less")
+    calibrate.add_argument("--lengths", choices=("real", "padded"), default="real",
+                           help="fit on the samples' real lengths (what the planner sees, default) or on what the "
+                                "micro-batch tensors hold, padding included")
+    calibrate.add_argument("--time", choices=("compute", "forward-backward", "compute-cpu"), default="compute",
+                           help="fit the rank's own forward-backward work (default; without the gradient "
+                                "reduction, which waits for the slowest rank), the whole forward_backward_func, or "
+                                "the rank's work in CPU seconds of its training thread (CPU runs on shared cores)")
+    calibrate.add_argument("--json", action="store_true", help="print the cost-model file instead of the report")
 
 
 FLAG_NAMES = ("dp_size", "global_batch_size", "max_tokens_per_gpu", "micro_batch_size", "cp_size", "pp_size",
@@ -271,6 +297,46 @@ def _run_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_calibrate(args: argparse.Namespace) -> int:
+    from megatron_dpsched.calibration import fit, read_records, samples_from_records
+
+    samples = samples_from_records(read_records(args.stats), warmup_steps=args.warmup_steps,
+                                   lengths=args.lengths, time=args.time)
+    result = fit(samples, backward_factor=args.backward_factor, robust=args.robust)
+    report = {**result.report, "lengths": args.lengths, "time": args.time, "warmup_steps": args.warmup_steps}
+    cost_file = result.to_file()
+    cost_file = type(cost_file)(**{**vars(cost_file), "fit": report})
+    if args.output:
+        cost_file.save(args.output)
+    if args.json:
+        json.dump(cost_file.to_dict(), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return 0
+    for line in calibration_lines(cost_file):
+        print(line)
+    if args.output:
+        print(f"wrote {args.output} (load it with --dp-schedule-cost-model {args.output})")
+    return 0
+
+
+def calibration_lines(cost_file: object) -> list[str]:
+    """The fitted coefficients and the fit report as text."""
+    report = cost_file.fit
+    lines = [
+        f"fitted on {report['n']} step records (steps {report['steps'][0]}-{report['steps'][-1]}, {report['time']} "
+        f"time, {report['lengths']} lengths, backward factor {cost_file.backward_factor:g}"
+        f"{', Huber' if report['robust'] else ''})",
+        f"  seconds per token            : {cost_file.seconds_per_token:.4g}",
+        f"  seconds per sum(length^2)    : {cost_file.seconds_per_token_pair:.4g}",
+        f"  seconds per micro-batch      : {cost_file.seconds_per_microbatch:.4g}",
+        f"  R^2                          : {report['r_squared']:.4f}",
+        f"  relative error, mean / max   : {report['mean_relative_error']:.1%} / {report['max_relative_error']:.1%}",
+    ]
+    for rank, errors in report["rank_relative_errors"].items():
+        lines.append(f"  rank {rank:>4} error, mean / max : {errors['mean']:.1%} / {errors['max']:.1%}")
+    return lines
+
+
 def _fail(message: object) -> int:
     text = " ".join(str(message).split())  # one line, whatever the error says
     print(f"{PROG}: error: {text}", file=sys.stderr)
@@ -284,7 +350,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as stop:  # --help (0) or a bad option (2, one line printed)
         return stop.code if isinstance(stop.code, int) else 2
     try:
-        return _run_plan(args) if args.command == "plan" else _run_check(args)
+        run = {"plan": _run_plan, "check": _run_check, "calibrate": _run_calibrate}[args.command]
+        return run(args)
     except (ValueError, ScheduleInvariantError) as error:
         return _fail(error)
     except OSError as error:

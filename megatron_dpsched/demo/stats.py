@@ -8,7 +8,8 @@ and wraps ``megatron.training.training.train_step`` (:meth:`install`, after
     {"step", "rank", "dp_rank", "pp_rank", "tp_rank", "dp_size", "pp_size", "vpp_size", "tp_size", "cp_size",
      "iteration", "consumed_samples", "fingerprint", "micro_batches", "samples", "tokens", "padded_tokens",
      "real_tokens", "sum_sq_lengths", "padded_sum_sq", "step_time_s", "forward_backward_s", "grad_sync_s",
-     "compute_s", "loss", "lr", "peak_memory_bytes" [, "micro_batch_ids"]}
+     "compute_s", "forward_backward_cpu_s", "grad_sync_cpu_s", "compute_cpu_s", "loss", "lr", "peak_memory_bytes"
+     [, "micro_batch_ids"]}
 
 ``tokens`` are loss tokens (real sample positions), ``padded_tokens`` the
 positions the micro-batch tensors hold (padding included); ``loss`` is
@@ -24,7 +25,10 @@ segment lengths for ``thd``); ``micro_batches`` is the micro-batch count of mode
 step (with CUDA, up to a device synchronize), ``grad_sync_s`` the part of it spent in
 ``config.finalize_model_grads_func`` (the data-parallel gradient reduction, which waits for
 the slowest rank) and ``compute_s`` the difference: this rank's own forward and backward
-work, what ``megatron-dpsched calibrate`` fits. ``peak_memory_bytes`` is
+work, what ``megatron-dpsched calibrate`` fits. The ``*_cpu_s`` figures are the same spans in
+CPU seconds of the training thread (``time.thread_time``): on CPU runs of a shared machine they
+leave out the time other processes held the cores (``calibrate --time compute-cpu``); they do not
+see GPU work or waiting. ``peak_memory_bytes`` is
 ``torch.cuda.max_memory_allocated()`` since the process started
 (``None`` without CUDA, as in the CPU dry run); ``iteration`` and
 ``consumed_samples`` Megatron's counters before the step, ``fingerprint`` the
@@ -122,12 +126,14 @@ class StepRecorder:
     def _timed(self, key: str, func: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
             _synchronize()
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.thread_time()
             try:
                 return func(*args, **kwargs)
             finally:
                 _synchronize()
                 self._times[key] = self._times.get(key, 0.0) + time.perf_counter() - start
+                cpu_key = key.replace("_s", "_cpu_s")
+                self._times[cpu_key] = self._times.get(cpu_key, 0.0) + time.thread_time() - cpu
 
         return timed
 
@@ -164,10 +170,13 @@ class StepRecorder:
                 **{name: sum(b[i] for b in self._batches) for i, name in enumerate(names)}}
 
     def _step_times(self) -> dict[str, float | None]:
-        total = self._times.get("forward_backward_s")
-        sync = self._times.get("grad_sync_s", 0.0)
-        return {"forward_backward_s": total, "grad_sync_s": sync if total is not None else None,
-                "compute_s": None if total is None else total - sync}
+        figures: dict[str, float | None] = {}
+        for clock in ("", "_cpu"):
+            total = self._times.get(f"forward_backward{clock}_s")
+            sync = self._times.get(f"grad_sync{clock}_s", 0.0)
+            figures |= {f"forward_backward{clock}_s": total, f"grad_sync{clock}_s": None if total is None else sync,
+                        f"compute{clock}_s": None if total is None else total - sync}
+        return figures
 
 
 def micro_batch_lengths(batch: Mapping[str, Any]) -> tuple[list[int], list[int]]:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from megatron_dpsched.core.config import ScheduleConfig
-from megatron_dpsched.core.cost import CostModel
+from megatron_dpsched.core.cost import CostModel, CostModelFile
 from megatron_dpsched.core.steptime import StepTimeModel
 
 BALANCE_CHOICES = ("cost", "tokens", "none")
@@ -51,6 +51,7 @@ OPTION_DEFAULTS: dict[str, Any] = {
     "dp_schedule_balance_growth": 0.0,
     "dp_schedule_objective": None,
     "dp_schedule_microbatch_overhead_ms": 2.0,
+    "dp_schedule_cost_model": None,
 }
 """What each ``--dp-schedule-*`` option means when it is not given (the parser's defaults are ``None``, so
 a given option can be told from an unset one)."""
@@ -90,6 +91,9 @@ class DPScheduleOptions:
     balance ``cost`` or ``tokens``, the model's dimensions in ``args``), see :func:`resolve_objective`."""
     microbatch_overhead_ms: float
     """``--dp-schedule-microbatch-overhead-ms``: fixed forward time of one micro-batch for the step-time model."""
+    cost_model_file: str | None = None
+    """``--dp-schedule-cost-model``: a cost-model file (``megatron-dpsched calibrate``); balance ``cost`` then
+    balances its per-sample cost and the step-time objective uses its step-time model."""
 
     @classmethod
     def from_args(cls, args: Any) -> DPScheduleOptions:
@@ -110,6 +114,7 @@ class DPScheduleOptions:
             collate_format=value("dp_schedule_collate_format"),
             objective=value("dp_schedule_objective"),
             microbatch_overhead_ms=value("dp_schedule_microbatch_overhead_ms"),
+            cost_model_file=value("dp_schedule_cost_model"),
         )
 
 
@@ -171,7 +176,22 @@ def add_dp_schedule_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     group.add_argument("--dp-schedule-microbatch-overhead-ms", type=float, default=None,
                        help="Step-time objective: fixed forward milliseconds of every micro-batch over the whole "
                             "model (kernel launches, pipeline hand-offs); default 2.")
+    group.add_argument("--dp-schedule-cost-model", default=None, metavar="FILE",
+                       help="A cost-model file written by 'megatron-dpsched calibrate' (measured seconds per token, "
+                            "per sum of squared lengths and per micro-batch): balance cost balances its per-sample "
+                            "cost instead of the FLOPs model, and the step-time objective uses its step-time model "
+                            "instead of the nominal FLOP/s and --dp-schedule-microbatch-overhead-ms.")
     return parser
+
+
+def cost_model_file_from_args(options: DPScheduleOptions) -> CostModelFile | None:
+    """The ``--dp-schedule-cost-model`` file, validated; a ``ValueError`` names the flag and the bad field."""
+    if options.cost_model_file is None:
+        return None
+    try:
+        return CostModelFile.load(options.cost_model_file)
+    except ValueError as error:
+        raise ValueError(f"--dp-schedule-cost-model: {error}") from None
 
 
 def validate_dp_schedule_args(args: Any) -> None:
@@ -190,6 +210,7 @@ def validate_dp_schedule_args(args: Any) -> None:
     _check_pipeline_layout(args)
     _refuse_conflicts(args)
     _check_collate_format(options, args)
+    cost_model_file_from_args(options)  # a bad file fails here, before any model is built
     schedule_config_from_args(args, data_parallel_size=getattr(args, "data_parallel_size", None) or 1)
     args.calculate_per_token_loss = True
     if getattr(args, "data_parallel_size", 1) > 1 and _draws_random_numbers(args):
@@ -348,7 +369,7 @@ def resolve_objective(options: DPScheduleOptions, args: Any) -> str:
         return options.objective
     pipelined = getattr(args, "pipeline_model_parallel_size", 1) > 1
     capped = options.max_tokens_per_gpu is not None and options.balance != "none"
-    sized = getattr(args, "hidden_size", None) is not None  # the cost model needs the GPT's dimensions
+    sized = getattr(args, "hidden_size", None) is not None or options.cost_model_file is not None  # a model
     return "step-time" if pipelined and capped and sized else "micro-batches"
 
 
@@ -360,6 +381,12 @@ def step_time_model_from_args(args: Any, options: DPScheduleOptions) -> StepTime
     overhead = options.microbatch_overhead_ms
     if not 0.0 <= overhead <= 1e6:
         raise ValueError(f"--dp-schedule-microbatch-overhead-ms must be between 0 and 1e6; got {overhead}")
+    measured = cost_model_file_from_args(options)
+    if measured is not None:
+        if getattr(args, "dp_schedule_microbatch_overhead_ms", None) is not None:
+            raise ValueError("--dp-schedule-microbatch-overhead-ms cannot be combined with --dp-schedule-cost-model, "
+                             "whose step-time model has its own measured seconds per micro-batch")
+        return measured.step_time_model()
     if getattr(args, "hidden_size", None) is None:
         raise ValueError("step_time_model needs the model's --hidden-size, --num-layers and "
                          "--num-attention-heads for its cost model")
@@ -374,5 +401,12 @@ def schedule_kwargs_from_args(args: Any, *, data_parallel_size: int) -> dict[str
     """``build_dp_schedule`` keyword arguments (all but ``lengths``) for Megatron's ``args``."""
     config = schedule_config_from_args(args, data_parallel_size=data_parallel_size)
     kwargs = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name != "drop_last"}
-    kwargs["cost_model"] = CostModel.from_megatron_args(args) if config.balance == "cost" else None
+    kwargs["cost_model"] = cost_model_from_args(args) if config.balance == "cost" else None
     return kwargs
+
+
+def cost_model_from_args(args: Any) -> Any:
+    """What balance ``cost`` balances: the ``--dp-schedule-cost-model`` file's per-sample cost, else the FLOPs
+    model of the GPT in ``args``."""
+    measured = cost_model_file_from_args(DPScheduleOptions.from_args(args))
+    return CostModel.from_megatron_args(args) if measured is None else measured.sample_cost()

@@ -1,0 +1,248 @@
+"""Fit the step-time model's coefficients to measured step records (``megatron-dpsched calibrate``).
+
+The records are what ``scripts/pretrain_gpt_dpsched.py --step-stats-dir DIR`` writes
+(``megatron_dpsched.demo.stats``): per rank and step, the micro-batch count ``M``, the sum of
+the sample lengths ``T`` and of their squares ``S``, and the measured seconds of the rank's
+forward and backward work (``compute_s``: Megatron's ``forward_backward_func`` without the
+gradient reduction, which waits for the slowest rank). With one pipeline stage a rank runs
+its micro-batches one after the other, so rule 1 of :mod:`megatron_dpsched.core.steptime` gives::
+
+    t = sum over micro-batches of (1 + k) * (a * tokens + b * sum(length ** 2) + c)
+      = (1 + k) * (a * T + b * S + c * M)
+
+with ``k`` the backward factor (fixed, default 2: backward and forward are not told apart by
+one time per step). :func:`fit` finds ``a, b, c >= 0`` by least squares on the relative error
+(every step weighs the same whatever its length), optionally robust (Huber weights by
+iteratively reweighted least squares), after dropping the first ``warmup_steps`` steps
+(allocator and autotuning warm-up). With pipeline parallelism a step's time includes bubbles
+that depend on the micro-batch order, so the fit takes PP=1 records only: calibrate on a
+PP=1 run of the same model per stage; the planner's simulation adds the pipeline.
+Pure Python (no NumPy, no torch).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import combinations
+from pathlib import Path
+from typing import Any
+
+from megatron_dpsched.core.cost import CostModel, CostModelFile
+
+LENGTH_FIGURES = {"real": ("real_tokens", "sum_sq_lengths"), "padded": ("padded_tokens", "padded_sum_sq")}
+"""``--lengths``: the record fields of ``T`` and ``S``; ``real`` is what the planner sees, ``padded`` what the
+micro-batch tensors hold (padding included)."""
+TIME_FIELDS = {"compute": "compute_s", "forward-backward": "forward_backward_s", "compute-cpu": "compute_cpu_s"}
+"""``--time``: the record field fitted (``compute-cpu``: CPU seconds of the training thread, for CPU runs on a
+shared machine, where wall time also counts other processes' turns on the cores)."""
+HUBER_K = 1.345
+"""Huber threshold in robust standard deviations (95% efficiency under Gaussian noise)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepSample:
+    """One rank's figures of one step."""
+
+    rank: int
+    """Global rank of the record."""
+    step: int
+    """Step index within the run (0 = first trained step)."""
+    tokens: int
+    """``T``: sum of the rank's sample lengths in the step."""
+    sum_sq: int
+    """``S``: sum of their squares."""
+    micro_batches: int
+    """``M``: micro-batches the rank ran."""
+    seconds: float
+    """Measured seconds."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CalibrationFit:
+    """Fitted coefficients and how well they predict the samples they were fitted on."""
+
+    seconds_per_token: float
+    """``a``: forward seconds per token."""
+    seconds_per_token_pair: float
+    """``b``: forward seconds per unit of ``sum(length ** 2)``."""
+    seconds_per_microbatch: float
+    """``c``: fixed forward seconds of a micro-batch."""
+    backward_factor: float
+    """``k``, as given (not fitted)."""
+    report: Mapping[str, Any]
+    """``n``, ``r_squared``, relative errors (``mean``, ``max``, per rank) and the options of the fit."""
+
+    def predict(self, sample: StepSample) -> float:
+        """Predicted seconds of ``sample``'s step on its rank."""
+        return (1 + self.backward_factor) * (self.seconds_per_token * sample.tokens
+                                             + self.seconds_per_token_pair * sample.sum_sq
+                                             + self.seconds_per_microbatch * sample.micro_batches)
+
+    def to_file(self, *, cost_model: CostModel | None = None) -> CostModelFile:
+        """The cost-model file ``--dp-schedule-cost-model`` loads."""
+        return CostModelFile(seconds_per_token=self.seconds_per_token,
+                             seconds_per_token_pair=self.seconds_per_token_pair,
+                             seconds_per_microbatch=self.seconds_per_microbatch,
+                             backward_factor=self.backward_factor, cost_model=cost_model, fit=dict(self.report))
+
+
+def read_records(path: str | Path) -> list[dict[str, Any]]:
+    """Step records of a ``--step-stats-dir`` folder (every ``rank*.jsonl``) or of one JSONL file."""
+    source = Path(path)
+    files = sorted(source.glob("rank*.jsonl")) if source.is_dir() else [source]
+    if not files or not files[0].exists():
+        raise ValueError(f"{path}: no step records (a --step-stats-dir folder of rank*.jsonl files, or one file)")
+    records = []
+    for file in files:
+        for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), start=1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as error:
+                    raise ValueError(f"{file}:{number} is not a JSON step record ({error.msg})") from None
+    return records
+
+
+def samples_from_records(
+    records: Iterable[Mapping[str, Any]], *, warmup_steps: int = 2, lengths: str = "real", time: str = "compute"
+) -> list[StepSample]:
+    """The fit's samples: PP=1 records from step ``warmup_steps`` on."""
+    if lengths not in LENGTH_FIGURES:
+        raise ValueError(f"--lengths must be one of {', '.join(LENGTH_FIGURES)}, got {lengths!r}")
+    if time not in TIME_FIELDS:
+        raise ValueError(f"--time must be one of {', '.join(TIME_FIELDS)}, got {time!r}")
+    tokens, squares = LENGTH_FIGURES[lengths]
+    fields = ("rank", "step", "micro_batches", tokens, squares, TIME_FIELDS[time])
+    samples = []
+    for index, record in enumerate(records):
+        missing = [name for name in fields if record.get(name) is None]
+        if missing:
+            raise ValueError(f"step record {index} has no {missing[0]!r}: records from an older version or a step "
+                             "that did not run forward_backward_func; record again with --step-stats-dir")
+        if record.get("pp_size", 1) != 1:
+            raise ValueError(f"step record {index} is from a run with pp_size={record['pp_size']}; calibrate fits "
+                             "PP=1 runs (pipeline bubbles depend on the order), record a PP=1 run")
+        if record["step"] >= warmup_steps:
+            samples.append(StepSample(rank=record["rank"], step=record["step"], tokens=record[tokens],
+                                      sum_sq=record[squares], micro_batches=record["micro_batches"],
+                                      seconds=float(record[TIME_FIELDS[time]])))
+    return samples
+
+
+def fit(
+    samples: Sequence[StepSample], *, backward_factor: float = 2.0, robust: bool = False, iterations: int = 20
+) -> CalibrationFit:
+    """Non-negative ``a, b, c`` minimizing the (Huber-weighted with ``robust``) squared relative error."""
+    if not math.isfinite(backward_factor) or backward_factor <= 0:
+        raise ValueError(f"--backward-factor must be > 0, got {backward_factor!r}")
+    usable = [s for s in samples if s.seconds > 0]
+    if len(usable) < 3:
+        raise ValueError(f"{len(usable)} step records left after the warm-up steps; the fit needs at least 3 "
+                         "(train more steps or pass a smaller --warmup-steps)")
+    rows = [[(1 + backward_factor) * value for value in (s.tokens, s.sum_sq, s.micro_batches)] for s in usable]
+    targets = [s.seconds for s in usable]
+    weights = [1.0 / (t * t) for t in targets]  # squared relative error
+    coefficients = nnls(rows, targets, weights)
+    for _ in range(iterations if robust else 0):
+        relative = [(_dot(row, coefficients) - t) / t for row, t in zip(rows, targets, strict=True)]
+        huber = _huber_weights(relative)
+        coefficients = nnls(rows, targets, [w * h for w, h in zip(weights, huber, strict=True)])
+    a, b, c = coefficients
+    result = CalibrationFit(seconds_per_token=a, seconds_per_token_pair=b, seconds_per_microbatch=c,
+                            backward_factor=backward_factor, report={})
+    report = fit_report(result, usable)
+    return CalibrationFit(seconds_per_token=a, seconds_per_token_pair=b, seconds_per_microbatch=c,
+                          backward_factor=backward_factor, report={**report, "robust": robust})
+
+
+def fit_report(model: CalibrationFit, samples: Sequence[StepSample]) -> dict[str, Any]:
+    """``n``, ``r_squared`` (of the seconds) and relative errors ``|predicted - measured| / measured``."""
+    errors = [abs(model.predict(s) - s.seconds) / s.seconds for s in samples]
+    mean = statistics.fmean(s.seconds for s in samples)
+    total = sum((s.seconds - mean) ** 2 for s in samples)
+    residual = sum((model.predict(s) - s.seconds) ** 2 for s in samples)
+    by_rank: dict[int, list[float]] = {}
+    for sample, error in zip(samples, errors, strict=True):
+        by_rank.setdefault(sample.rank, []).append(error)
+    return {
+        "n": len(samples),
+        "steps": sorted({s.step for s in samples}),
+        "r_squared": 1.0 - residual / total if total > 0 else 1.0,
+        "mean_relative_error": statistics.fmean(errors),
+        "max_relative_error": max(errors),
+        "rank_relative_errors": {str(rank): {"mean": statistics.fmean(e), "max": max(e)}
+                                 for rank, e in sorted(by_rank.items())},
+    }
+
+
+def _huber_weights(residuals: Sequence[float]) -> list[float]:
+    """IRLS weights ``min(1, delta / |r|)`` with ``delta`` = :data:`HUBER_K` robust standard deviations."""
+    scale = 1.4826 * statistics.median(abs(r) for r in residuals)
+    delta = HUBER_K * scale
+    return [1.0 if delta <= 0 or abs(r) <= delta else delta / abs(r) for r in residuals]
+
+
+def nnls(rows: Sequence[Sequence[float]], targets: Sequence[float], weights: Sequence[float]) -> list[float]:
+    """Weighted non-negative least squares for a few unknowns: the best of the unconstrained solutions on
+    every subset of the unknowns that come out non-negative (exact: the optimum is one of them)."""
+    width = len(rows[0])
+    best, best_loss = [0.0] * width, _loss(rows, targets, weights, [0.0] * width)
+    for size in range(1, width + 1):
+        for support in combinations(range(width), size):
+            solution = _least_squares(rows, targets, weights, support)
+            if solution is None or min(solution) < 0:
+                continue
+            full = [0.0] * width
+            for column, value in zip(support, solution, strict=True):
+                full[column] = value
+            loss = _loss(rows, targets, weights, full)
+            if loss < best_loss:
+                best, best_loss = full, loss
+    return best
+
+
+def _least_squares(
+    rows: Sequence[Sequence[float]], targets: Sequence[float], weights: Sequence[float], support: Sequence[int]
+) -> list[float] | None:
+    """Normal equations on the ``support`` columns (scaled to unit norm); ``None`` when singular."""
+    scale = [math.sqrt(sum(w * row[c] ** 2 for row, w in zip(rows, weights, strict=True))) for c in support]
+    if min(scale) == 0:
+        return None
+    columns = [[row[c] / s for c, s in zip(support, scale, strict=True)] for row in rows]
+    n = len(support)
+    matrix = [[sum(w * r[i] * r[j] for r, w in zip(columns, weights, strict=True)) for j in range(n)]
+              for i in range(n)]
+    vector = [sum(w * r[i] * t for r, w, t in zip(columns, weights, targets, strict=True)) for i in range(n)]
+    solution = _solve(matrix, vector)
+    return None if solution is None else [x / s for x, s in zip(solution, scale, strict=True)]
+
+
+def _solve(matrix: list[list[float]], vector: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting; ``None`` for a (nearly) singular matrix."""
+    n = len(vector)
+    a = [row[:] + [v] for row, v in zip(matrix, vector, strict=True)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
+        if abs(a[pivot][col]) < 1e-10:
+            return None
+        a[col], a[pivot] = a[pivot], a[col]
+        for r in range(col + 1, n):
+            factor = a[r][col] / a[col][col]
+            a[r] = [x - factor * y for x, y in zip(a[r], a[col], strict=True)]
+    solution = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        solution[r] = (a[r][n] - sum(a[r][c] * solution[c] for c in range(r + 1, n))) / a[r][r]
+    return solution
+
+
+def _dot(row: Sequence[float], coefficients: Sequence[float]) -> float:
+    return sum(x * c for x, c in zip(row, coefficients, strict=True))
+
+
+def _loss(rows: Sequence[Sequence[float]], targets: Sequence[float], weights: Sequence[float],
+          coefficients: Sequence[float]) -> float:
+    return sum(w * (_dot(row, coefficients) - t) ** 2 for row, t, w in zip(rows, targets, weights, strict=True))
