@@ -38,6 +38,13 @@ from megatron_dpsched.demo.stats import load_plans, load_step_records  # noqa: E
 VOCAB = 128
 DP = 2
 RUNS = ("dp-schedule", "baseline")
+COMPARISONS = {"baseline": RUNS, "objectives": ("step-time", "micro-batches"),
+               "calibrated": ("dp-schedule", "calibrated")}
+"""``--compare``: the two runs. ``objectives``: both with ``--dp-schedule``, the pipeline-aware step-time plan
+against the fewest micro-batches; ``calibrated``: ``--dp-schedule``, then ``megatron-dpsched calibrate`` on its
+step records, then ``--dp-schedule`` again with the fitted ``--dp-schedule-cost-model``."""
+WARMUP_STEPS = 2
+"""Steps left out of the mean step times (and of the calibration)."""
 
 
 def parse_options(argv: list[str] | None = None) -> Namespace:
@@ -54,13 +61,33 @@ def parse_options(argv: list[str] | None = None) -> Namespace:
     parser.add_argument("--plot", default=None, help="PNG path (default: <out>/demo_load.png)")
     parser.add_argument("--data-format", choices=("jsonl", "indexed"), default="jsonl",
                         help="write the corpus as JSONL or as a Megatron indexed dataset (.bin/.idx)")
+    add_layout_options(parser)
     options = parser.parse_args(argv)
-    for flag in ("steps", "global_batch_size", "max_tokens_per_gpu", "baseline_micro_batch_size"):
+    for flag in ("steps", "global_batch_size", "max_tokens_per_gpu", "baseline_micro_batch_size", "dp", "pp",
+                 "hidden_size", "num_layers"):
         if getattr(options, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1")
-    if options.global_batch_size % (DP * options.baseline_micro_batch_size):
-        raise ValueError("--global-batch-size must be a multiple of 2 x --baseline-micro-batch-size")
+    if options.global_batch_size % (options.dp * options.baseline_micro_batch_size):
+        raise ValueError("--global-batch-size must be a multiple of --dp x --baseline-micro-batch-size")
+    if options.num_layers % options.pp:
+        raise ValueError(f"--num-layers {options.num_layers} must be a multiple of --pp {options.pp}")
     return options
+
+
+def add_layout_options(parser: argparse.ArgumentParser) -> None:
+    """Parallel layout, model size, the dp-schedule run's objective and cost model, and what to compare."""
+    parser.add_argument("--dp", type=int, default=DP, help="data-parallel ranks (processes = --dp x --pp)")
+    parser.add_argument("--pp", type=int, default=1, help="pipeline stages (--pipeline-model-parallel-size)")
+    parser.add_argument("--hidden-size", type=int, default=64, help="model width (heads of 16)")
+    parser.add_argument("--num-layers", type=int, default=2, help="transformer layers")
+    parser.add_argument("--objective", choices=("step-time", "micro-batches"), default=None,
+                        help="--dp-schedule-objective of the dp-schedule run (default: the plugin's)")
+    parser.add_argument("--cost-model", default=None, metavar="FILE",
+                        help="--dp-schedule-cost-model of the dp-schedule run (from 'megatron-dpsched calibrate')")
+    parser.add_argument("--compare", choices=tuple(COMPARISONS), default="baseline",
+                        help="baseline: dp-schedule vs Megatron's fixed micro-batches (default); objectives: "
+                             "--dp-schedule-objective step-time vs micro-batches; calibrated: dp-schedule, "
+                             "calibrate on its records, dp-schedule with the fitted cost model")
 
 
 # --- corpus and runs --------------------------------------------------------------------------
@@ -82,8 +109,10 @@ def model_flags(seq_length: int, options: Namespace, data: Path) -> list[str]:
     """A tiny fp32 GPT, Megatron's local implementation, CPU dry run on gloo, plus :func:`training_flags`."""
     return [
         "--cpu-dry-run", "--use-cpu-initialization", "--distributed-backend", "gloo", "--transformer-impl", "local",
-        "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--ffn-hidden-size", "256",
-        *training_flags(seq_length, options, data),
+        "--num-layers", str(options.num_layers), "--hidden-size", str(options.hidden_size),
+        "--num-attention-heads", str(max(1, options.hidden_size // 16)),
+        "--ffn-hidden-size", str(4 * options.hidden_size),
+        "--pipeline-model-parallel-size", str(options.pp), *training_flags(seq_length, options, data),
     ]
 
 
@@ -103,11 +132,31 @@ def training_flags(seq_length: int, options: Namespace, data: Path, *, lr: float
     ]
 
 
-def run_flags(run: str, options: Namespace) -> list[str]:
-    if run == "dp-schedule":
-        return ["--micro-batch-size", "1", "--dp-schedule",
-                "--dp-schedule-max-tokens-per-gpu", str(options.max_tokens_per_gpu), "--dp-schedule-verify", "strict"]
-    return ["--micro-batch-size", str(options.baseline_micro_batch_size)]
+def run_flags(run: str, options: Namespace, out: Path | None = None) -> list[str]:
+    """The run's batching flags: ``baseline`` is Megatron's fixed micro-batches, every other run ``--dp-schedule``
+    (``step-time`` / ``micro-batches``: that objective; ``calibrated``: the cost model fitted in ``out``)."""
+    if run == "baseline":
+        return ["--micro-batch-size", str(options.baseline_micro_batch_size)]
+    flags = ["--micro-batch-size", "1", "--dp-schedule",
+             "--dp-schedule-max-tokens-per-gpu", str(options.max_tokens_per_gpu), "--dp-schedule-verify", "strict"]
+    objective = run if run in ("step-time", "micro-batches") else options.objective
+    if objective is not None:
+        flags += ["--dp-schedule-objective", objective]
+    cost_model = str(out / "cost_model.json") if run == "calibrated" and out is not None else options.cost_model
+    if cost_model is not None:
+        flags += ["--dp-schedule-cost-model", cost_model]
+    return flags
+
+
+def calibrate(stats: Path, target: Path) -> dict[str, Any]:
+    """``megatron-dpsched calibrate`` on a run's records (CPU seconds of the training thread: this machine's
+    cores are shared, so wall time also counts other processes' turns); writes ``target``, returns the report."""
+    from megatron_dpsched.calibration import fit, read_records, samples_from_records
+
+    samples = samples_from_records(read_records(stats), warmup_steps=WARMUP_STEPS, time="compute-cpu")
+    result = fit(samples, robust=True)
+    result.to_file().save(target)
+    return dict(result.report)
 
 
 def launch(run: str, flags: list[str], out: Path, port: int, *, nproc: int = DP) -> float:
@@ -131,26 +180,30 @@ def launch(run: str, flags: list[str], out: Path, port: int, *, nproc: int = DP)
 
 
 def per_step(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each step's per-DP-rank measurements (first pipeline / tensor rank), rank order."""
+    """Each step's per-DP-rank measurements (first pipeline / tensor rank, rank order); the loss (last pipeline
+    stage) and the step times (slowest rank) from every rank."""
     steps: dict[int, list[dict[str, Any]]] = {}
     for record in records:
-        if record["pp_rank"] == 0 and record["tp_rank"] == 0:
-            steps.setdefault(record["step"], []).append(record)
-    return [summarize(sorted(steps[s], key=lambda r: r["dp_rank"])) for s in sorted(steps)]
+        steps.setdefault(record["step"], []).append(record)
+    order = lambda r: (r["dp_rank"], r["pp_rank"], r["tp_rank"])  # noqa: E731
+    return [summarize(sorted(steps[s], key=order)) for s in sorted(steps)]
 
 
-def summarize(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize(every: list[dict[str, Any]]) -> dict[str, Any]:
+    ranks = [r for r in every if r["pp_rank"] == 0 and r["tp_rank"] == 0]
     tokens = [r["tokens"] for r in ranks]
     padded = [r["padded_tokens"] for r in ranks]
-    losses = [r["loss"] for r in ranks if r["loss"] is not None]
+    losses = [r["loss"] for r in every if r["loss"] is not None]
     return {
+        "forward_backward_s": max(r["forward_backward_s"] for r in every),
+        "compute_cpu_s": [r["compute_cpu_s"] for r in ranks],
         "micro_batches": [r["micro_batches"] for r in ranks],
         "samples": sum(r["samples"] for r in ranks),
         "tokens": tokens,
         "padded_tokens": padded,
         "imbalance": max(tokens) / (sum(tokens) / len(tokens)) - 1.0,
         "padding": 1.0 - sum(tokens) / sum(padded),
-        "step_time_s": max(r["step_time_s"] for r in ranks),
+        "step_time_s": max(r["step_time_s"] for r in every),
         "loss": losses[0] if losses else None,
         "lr": ranks[0]["lr"],
     }
@@ -182,8 +235,12 @@ def print_steps(run: str, steps: list[dict[str, Any]]) -> None:
 
 def totals(steps: list[dict[str, Any]]) -> dict[str, float]:
     tokens = sum(sum(s["tokens"]) for s in steps)
+    later = steps[WARMUP_STEPS:] or steps
     return {
         "train_time_s": sum(s["step_time_s"] for s in steps),
+        "mean_step_time_s": sum(s["step_time_s"] for s in later) / len(later),
+        "mean_forward_backward_s": sum(s["forward_backward_s"] for s in later) / len(later),
+        "mean_compute_cpu_s": sum(max(s["compute_cpu_s"]) for s in later) / len(later),
         "padding": 1.0 - tokens / sum(sum(s["padded_tokens"]) for s in steps),
         "micro_batches": sum(s["micro_batches"][0] for s in steps),
         "mean_imbalance": sum(s["imbalance"] for s in steps) / len(steps),
@@ -196,21 +253,29 @@ def max_relative_loss_difference(a: list[dict[str, Any]], b: list[dict[str, Any]
 
 
 def print_comparison(results: dict[str, list[dict[str, Any]]], wall: dict[str, float], loss_diff: float) -> None:
-    sched, base = (totals(results[run]) for run in RUNS)
-    speedup = base["train_time_s"] / sched["train_time_s"]
+    first, second = results
+    ours, other = (totals(results[run]) for run in results)
+    speedup = other["train_time_s"] / ours["train_time_s"]
+
+    def pair(key: str, unit: str = " s", digits: int = 3) -> str:
+        return f"{ours[key]:.{digits}f}{unit} vs {other[key]:.{digits}f}{unit} ({other[key] / ours[key]:.2f}x)"
+
+    later = f"mean over steps {WARMUP_STEPS}.., slowest rank"
     rows = (
-        ("train_step time, sum over steps", f"{sched['train_time_s']:.2f} s vs {base['train_time_s']:.2f} s "
+        ("train_step time, sum over steps", f"{ours['train_time_s']:.2f} s vs {other['train_time_s']:.2f} s "
                                             f"({speedup:.2f}x)"),
-        ("padding share of micro-batches", f"{sched['padding']:.1%} vs {base['padding']:.1%}"),
-        ("micro-batches per rank, total", f"{sched['micro_batches']} vs {base['micro_batches']}"),
-        ("mean token imbalance across DP", f"{sched['mean_imbalance']:.1%} vs {base['mean_imbalance']:.1%}"),
-        ("loss tokens trained", f"{sched['tokens']} vs {base['tokens']}"),
-        ("job wall time incl. start-up", f"{wall['dp-schedule']:.1f} s vs {wall['baseline']:.1f} s"),
+        (f"forward-backward wall, {later}", pair("mean_forward_backward_s")),
+        (f"compute CPU s, {later}", pair("mean_compute_cpu_s")),
+        ("padding share of micro-batches", f"{ours['padding']:.1%} vs {other['padding']:.1%}"),
+        ("micro-batches per rank, total", f"{ours['micro_batches']} vs {other['micro_batches']}"),
+        ("mean token imbalance across DP", f"{ours['mean_imbalance']:.1%} vs {other['mean_imbalance']:.1%}"),
+        ("loss tokens trained", f"{ours['tokens']} vs {other['tokens']}"),
+        ("job wall time incl. start-up", f"{wall[first]:.1f} s vs {wall[second]:.1f} s"),
         ("max relative loss difference", f"{loss_diff:.2e}"),
     )
-    print("\ncomparison (dp-schedule vs baseline, same samples per step, per-token loss)")
+    print(f"\ncomparison ({first} vs {second}, same samples per step, per-token loss; CPU measurements)")
     for label, value in rows:
-        print(f"  {label:<32}: {value}")
+        print(f"  {label:<52}: {value}")
 
 
 def plot_step(results: dict[str, list[dict[str, Any]]], step: int, path: Path) -> Path:
@@ -221,7 +286,7 @@ def plot_step(results: dict[str, list[dict[str, Any]]], step: int, path: Path) -
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True)
-    for ax, run in zip(axes, RUNS, strict=True):
+    for ax, run in zip(axes, results, strict=True):
         s = results[run][step]
         ranks = [f"rank {r}\n{m} micro-batches" for r, m in enumerate(s["micro_batches"])]
         pad = [p - t for p, t in zip(s["padded_tokens"], s["tokens"], strict=True)]
@@ -237,6 +302,32 @@ def plot_step(results: dict[str, list[dict[str, Any]]], step: int, path: Path) -
     return path
 
 
+def train_runs(options: Namespace, out: Path, *, seq_length: int, data: Path) -> tuple[dict, dict, dict]:
+    """Both runs of ``--compare`` (calibrating between them for ``calibrated``): per-step results, wall times
+    and the calibration report (empty unless ``calibrated``)."""
+    results, wall, calibration = {}, {}, {}
+    nproc = options.dp * options.pp
+    for port, run in enumerate(COMPARISONS[options.compare], start=29400 + os.getpid() % 500):
+        if run == "calibrated":
+            calibration = calibrate(out / "dp-schedule", out / "cost_model.json")
+            print_calibration(calibration, out / "cost_model.json")
+        flags = model_flags(seq_length, options, data) + run_flags(run, options, out)
+        shown = " ".join(run_flags(run, options, out))
+        print(f"running {run}: torchrun --nproc-per-node {nproc} scripts/pretrain_gpt_dpsched.py ... {shown}",
+              flush=True)
+        wall[run] = launch(run, flags, out, port, nproc=nproc)
+        results[run] = per_step(load_step_records(out / run))
+        print_steps(run, results[run])
+    return results, wall, calibration
+
+
+def print_calibration(report: dict[str, Any], path: Path) -> None:
+    ranks = ", ".join(f"rank {r} {e['max']:.1%}" for r, e in report["rank_relative_errors"].items())
+    print(f"\ncalibrated on the dp-schedule run's steps {report['steps'][0]}..{report['steps'][-1]} (CPU seconds of "
+          f"each rank's forward-backward, Huber): R^2 {report['r_squared']:.3f}, relative error mean "
+          f"{report['mean_relative_error']:.1%}, max per rank: {ranks}; wrote {path}")
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     options = parse_options(argv)
     out = Path(options.out).resolve()
@@ -248,28 +339,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"corpus: {len(lengths)} samples, lengths = first GSM8K train samples' cl100k token counts "
           f"({min(raw)}-{max(raw)}) scaled down by {options.scale:g} to {min(lengths)}-{max(lengths)} "
           f"so the demo fits 2 CPU cores; token ids are synthetic. {data}")
-    print(f"model: 2-layer GPT, hidden 64, vocab {VOCAB}, fp32; DP=2 on CPU/gloo; global batch "
-          f"{options.global_batch_size}, {options.steps} steps; baseline pads to --seq-length {seq_length}")
-    results, wall = {}, {}
-    for port, run in enumerate(RUNS, start=29400 + os.getpid() % 500):
-        flags = model_flags(seq_length, options, data) + run_flags(run, options)
-        shown = " ".join(run_flags(run, options))
-        print(f"running {run}: torchrun --nproc-per-node 2 scripts/pretrain_gpt_dpsched.py ... {shown}", flush=True)
-        wall[run] = launch(run, flags, out, port)
-        results[run] = per_step(load_step_records(out / run))
-        print_steps(run, results[run])
-    check = plan_check(out / "dp-schedule")
-    print(f"\ndp-schedule micro-batches per step {check['counts']}; every rank's micro-batches (sample ids) "
-          f"{'match' if check['match'] else 'DO NOT MATCH'} the plan the loader gives for the same steps")
-    loss_diff = max_relative_loss_difference(results["dp-schedule"], results["baseline"])
+    print(f"model: {options.num_layers}-layer GPT, hidden {options.hidden_size}, vocab {VOCAB}, fp32; "
+          f"DP={options.dp} PP={options.pp} on CPU/gloo; global batch {options.global_batch_size}, "
+          f"{options.steps} steps; baseline pads to --seq-length {seq_length}")
+    results, wall, calibration = train_runs(options, out, seq_length=seq_length, data=data)
+    first, second = COMPARISONS[options.compare]
+    checks = {run: plan_check(out / run) for run in results if run != "baseline"}
+    for run, check in checks.items():
+        print(f"\n{run} micro-batches per step {check['counts']}; every rank's micro-batches (sample ids) "
+              f"{'match' if check['match'] else 'DO NOT MATCH'} the plan the loader gives for the same steps")
+    loss_diff = max_relative_loss_difference(results[first], results[second])
     print_comparison(results, wall, loss_diff)
-    candidates = range(1, len(results["baseline"])) if len(results["baseline"]) > 1 else range(1)
-    step = max(candidates, key=lambda s: results["baseline"][s]["imbalance"])  # step 0 includes warm-up
+    candidates = range(1, len(results[second])) if len(results[second]) > 1 else range(1)
+    step = max(candidates, key=lambda s: results[second][s]["imbalance"])  # step 0 includes warm-up
     png = plot_step(results, step, Path(options.plot) if options.plot else out / "demo_load.png")
-    print(f"\nper-rank load of step {step} (largest baseline imbalance after step 0): {png}")
-    summary = {"results": results, "wall_s": wall, "plan_matches": check["match"],
-               "micro_batch_counts": check["counts"], "max_relative_loss_difference": loss_diff,
-               "png": str(png), "lengths": lengths}
+    print(f"\nper-rank load of step {step} (largest {second} imbalance after step 0): {png}")
+    summary = {"compare": options.compare, "results": results, "wall_s": wall,
+               "totals": {run: totals(steps) for run, steps in results.items()},
+               "plan_matches": all(c["match"] for c in checks.values()),
+               "micro_batch_counts": checks[first]["counts"], "max_relative_loss_difference": loss_diff,
+               "calibration": calibration, "png": str(png), "lengths": lengths}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 
