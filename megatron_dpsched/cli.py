@@ -11,6 +11,7 @@ Every bad input ends in one line ``megatron-dpsched: error: ...`` and exit statu
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -19,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from megatron_dpsched.core import DPSchedule, ScheduleConfig, ScheduleInvariantError
+from megatron_dpsched.core.cost import CostModelFile
 from megatron_dpsched.whatif.analysis import (
     BASELINE_NAMES,
     OURS,
@@ -304,8 +306,7 @@ def _run_calibrate(args: argparse.Namespace) -> int:
                                    lengths=args.lengths, time=args.time)
     result = fit(samples, backward_factor=args.backward_factor, robust=args.robust)
     report = {**result.report, "lengths": args.lengths, "time": args.time, "warmup_steps": args.warmup_steps}
-    cost_file = result.to_file()
-    cost_file = type(cost_file)(**{**vars(cost_file), "fit": report})
+    cost_file = dataclasses.replace(result.to_file(), fit=report)
     if args.output:
         cost_file.save(args.output)
     if args.json:
@@ -319,7 +320,7 @@ def _run_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def calibration_lines(cost_file: object) -> list[str]:
+def calibration_lines(cost_file: CostModelFile) -> list[str]:
     """The fitted coefficients and the fit report as text."""
     report = cost_file.fit
     lines = [

@@ -39,10 +39,11 @@ VOCAB = 128
 DP = 2
 RUNS = ("dp-schedule", "baseline")
 COMPARISONS = {"baseline": RUNS, "objectives": ("step-time", "micro-batches"),
-               "calibrated": ("dp-schedule", "calibrated")}
-"""``--compare``: the two runs. ``objectives``: both with ``--dp-schedule``, the pipeline-aware step-time plan
-against the fewest micro-batches; ``calibrated``: ``--dp-schedule``, then ``megatron-dpsched calibrate`` on its
-step records, then ``--dp-schedule`` again with the fitted ``--dp-schedule-cost-model``."""
+               "calibrated": ("dp-schedule", "calibrated", "dp-schedule-again")}
+"""``--compare``: the runs, the first two compared. ``objectives``: both with ``--dp-schedule``, the pipeline-aware
+step-time plan against the fewest micro-batches; ``calibrated``: ``--dp-schedule``, then ``megatron-dpsched
+calibrate`` on its step records, then ``--dp-schedule`` with the fitted ``--dp-schedule-cost-model``, then the
+first run again (the same plan twice: how much the measured step time varies from run to run)."""
 WARMUP_STEPS = 2
 """Steps left out of the mean step times (and of the calibration)."""
 
@@ -139,7 +140,7 @@ def run_flags(run: str, options: Namespace, out: Path | None = None) -> list[str
         return ["--micro-batch-size", str(options.baseline_micro_batch_size)]
     flags = ["--micro-batch-size", "1", "--dp-schedule",
              "--dp-schedule-max-tokens-per-gpu", str(options.max_tokens_per_gpu), "--dp-schedule-verify", "strict"]
-    objective = run if run in ("step-time", "micro-batches") else options.objective
+    objective = run if run in ("step-time", "micro-batches") else options.objective  # dp-schedule(-again): as given
     if objective is not None:
         flags += ["--dp-schedule-objective", objective]
     cost_model = str(out / "cost_model.json") if run == "calibrated" and out is not None else options.cost_model
@@ -321,6 +322,19 @@ def train_runs(options: Namespace, out: Path, *, seq_length: int, data: Path) ->
     return results, wall, calibration
 
 
+def run_to_run_noise(results: dict[str, list[dict[str, Any]]]) -> dict[str, float] | None:
+    """With ``--compare calibrated``: the relative differences between the two runs of the same plans
+    (``dp-schedule`` and ``dp-schedule-again``), per mean step time figure; printed, ``None`` otherwise."""
+    if "dp-schedule-again" not in results:
+        return None
+    once, again = totals(results["dp-schedule"]), totals(results["dp-schedule-again"])
+    keys = ("mean_forward_backward_s", "mean_compute_cpu_s", "mean_step_time_s")
+    noise = {key: abs(again[key] - once[key]) / once[key] for key in keys}
+    print(f"\nrun-to-run (dp-schedule twice, same plans): forward-backward wall differs by "
+          f"{noise['mean_forward_backward_s']:.1%}, compute CPU s by {noise['mean_compute_cpu_s']:.1%}")
+    return noise
+
+
 def print_calibration(report: dict[str, Any], path: Path) -> None:
     ranks = ", ".join(f"rank {r} {e['max']:.1%}" for r, e in report["rank_relative_errors"].items())
     print(f"\ncalibrated on the dp-schedule run's steps {report['steps'][0]}..{report['steps'][-1]} (CPU seconds of "
@@ -343,22 +357,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"DP={options.dp} PP={options.pp} on CPU/gloo; global batch {options.global_batch_size}, "
           f"{options.steps} steps; baseline pads to --seq-length {seq_length}")
     results, wall, calibration = train_runs(options, out, seq_length=seq_length, data=data)
-    first, second = COMPARISONS[options.compare]
+    first, second = COMPARISONS[options.compare][:2]
     checks = {run: plan_check(out / run) for run in results if run != "baseline"}
     for run, check in checks.items():
         print(f"\n{run} micro-batches per step {check['counts']}; every rank's micro-batches (sample ids) "
               f"{'match' if check['match'] else 'DO NOT MATCH'} the plan the loader gives for the same steps")
     loss_diff = max_relative_loss_difference(results[first], results[second])
-    print_comparison(results, wall, loss_diff)
+    print_comparison({run: results[run] for run in (first, second)}, wall, loss_diff)
+    noise = run_to_run_noise(results)
     candidates = range(1, len(results[second])) if len(results[second]) > 1 else range(1)
     step = max(candidates, key=lambda s: results[second][s]["imbalance"])  # step 0 includes warm-up
-    png = plot_step(results, step, Path(options.plot) if options.plot else out / "demo_load.png")
+    png = plot_step({run: results[run] for run in (first, second)}, step,
+                    Path(options.plot) if options.plot else out / "demo_load.png")
     print(f"\nper-rank load of step {step} (largest {second} imbalance after step 0): {png}")
     summary = {"compare": options.compare, "results": results, "wall_s": wall,
                "totals": {run: totals(steps) for run, steps in results.items()},
                "plan_matches": all(c["match"] for c in checks.values()),
                "micro_batch_counts": checks[first]["counts"], "max_relative_loss_difference": loss_diff,
-               "calibration": calibration, "png": str(png), "lengths": lengths}
+               "calibration": calibration, "run_to_run_noise": noise, "png": str(png), "lengths": lengths}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 

@@ -1,0 +1,173 @@
+"""The step-time fit (``megatron-dpsched calibrate``) and the cost-model file it writes."""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+from pathlib import Path
+
+import pytest
+
+from megatron_dpsched.calibration import StepSample, fit, nnls, read_records, samples_from_records
+from megatron_dpsched.cli import main
+from megatron_dpsched.core import StepTimeModel
+from megatron_dpsched.core.cost import CostModel, CostModelFile, GenericCostModel
+
+TRUE = {"seconds_per_token": 2e-5, "seconds_per_token_pair": 3e-8, "seconds_per_microbatch": 1.5e-3}
+
+
+def _records(*, steps: int = 12, ranks: int = 4, noise: float = 0.02, seed: int = 0, **extra: object) -> list[dict]:
+    """Step records of a PP=1 run whose compute time follows ``TRUE`` (backward factor 2) with noise;
+    steps 0 and 1 are three times slower (warm-up)."""
+    rng = random.Random(seed)
+    out = []
+    for step in range(steps):
+        for rank in range(ranks):
+            lengths = [rng.randint(20, 2000) for _ in range(rng.randint(4, 24))]
+            mbs = rng.randint(2, 8)
+            forward = (TRUE["seconds_per_token"] * sum(lengths) + TRUE["seconds_per_token_pair"]
+                       * sum(n * n for n in lengths) + TRUE["seconds_per_microbatch"] * mbs)
+            seconds = 3 * forward * (1 + rng.gauss(0, noise)) * (3 if step < 2 else 1)
+            out.append({"rank": rank, "step": step, "pp_size": 1, "micro_batches": mbs,
+                        "real_tokens": sum(lengths), "sum_sq_lengths": sum(n * n for n in lengths),
+                        "padded_tokens": sum(lengths), "padded_sum_sq": sum(n * n for n in lengths),
+                        "compute_s": seconds, "compute_cpu_s": seconds, "forward_backward_s": seconds * 1.1,
+                        **extra})
+    return out
+
+
+def _write(directory: Path, records: list[dict]) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    for rank in sorted({r["rank"] for r in records}):
+        lines = [json.dumps(r) for r in records if r["rank"] == rank]
+        (directory / f"rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
+    return directory
+
+
+def test_fit_recovers_known_coefficients_from_noisy_records() -> None:
+    result = fit(samples_from_records(_records()))
+    assert result.seconds_per_token == pytest.approx(TRUE["seconds_per_token"], rel=0.05)
+    assert result.seconds_per_token_pair == pytest.approx(TRUE["seconds_per_token_pair"], rel=0.05)
+    assert result.seconds_per_microbatch == pytest.approx(TRUE["seconds_per_microbatch"], rel=0.2)
+    assert result.report["n"] == 40 and result.report["steps"] == list(range(2, 12))
+    assert result.report["r_squared"] > 0.99 and result.report["max_relative_error"] < 0.08
+    assert set(result.report["rank_relative_errors"]) == {"0", "1", "2", "3"}
+
+
+def test_warm_up_steps_are_left_out_and_would_bias_the_fit() -> None:
+    biased = fit(samples_from_records(_records(), warmup_steps=0))
+    assert biased.report["max_relative_error"] > 0.5
+
+
+def test_huber_weights_resist_outlier_steps() -> None:
+    records = _records(noise=0.01)
+    for record in records[::9]:  # every 9th record 4x slower (a descheduled process)
+        record["compute_s"] *= 4
+    plain = fit(samples_from_records(records))
+    robust = fit(samples_from_records(records), robust=True)
+    clean = samples_from_records([r for i, r in enumerate(records) if i % 9])
+
+    def median_error(result) -> float:
+        return statistics.median(abs(result.predict(s) - s.seconds) / s.seconds for s in clean)
+
+    assert median_error(robust) < 0.015 < 0.02 < median_error(plain)  # measured: 0.9% vs 2.7%
+    for name, value in TRUE.items():
+        assert getattr(robust, name) == pytest.approx(value, rel=0.05), name
+    assert robust.report["robust"] is True
+
+
+def test_nnls_clips_a_negative_coefficient_and_refits() -> None:
+    rows = [[1.0, 1.0], [2.0, 1.0], [3.0, 1.0]]
+    targets = [3.0, 2.0, 1.0]  # least squares would give a negative slope
+    assert nnls(rows, targets, [1.0] * 3) == pytest.approx([0.0, 2.0])
+
+
+def test_records_of_pipelined_or_old_runs_are_refused() -> None:
+    with pytest.raises(ValueError, match="pp_size=2; calibrate fits PP=1 runs"):
+        samples_from_records(_records(pp_size=2))
+    old = [{k: v for k, v in r.items() if k != "sum_sq_lengths"} for r in _records()]
+    with pytest.raises(ValueError, match="has no 'sum_sq_lengths'"):
+        samples_from_records(old)
+    with pytest.raises(ValueError, match="needs at least 3"):
+        fit([StepSample(rank=0, step=2, tokens=10, sum_sq=100, micro_batches=1, seconds=1.0)])
+
+
+def test_cost_model_file_round_trip(tmp_path: Path) -> None:
+    flops = CostModel(hidden_size=64, num_layers=2, num_attention_heads=4, moe_layer_freq=(1, 0), num_experts=4,
+                      moe_router_topk=2)
+    written = fit(samples_from_records(_records())).to_file(cost_model=flops).save(tmp_path / "cost.json")
+    loaded = CostModelFile.load(written)
+    assert loaded.cost_model == flops and loaded.fit["n"] == 40
+    model = loaded.step_time_model()
+    assert isinstance(model, StepTimeModel) and model.backward_factor == 2.0
+    assert model.seconds_per_token == pytest.approx(TRUE["seconds_per_token"], rel=0.05)
+    cost = loaded.sample_cost()
+    ratio = loaded.seconds_per_token / loaded.seconds_per_token_pair
+    assert isinstance(cost, GenericCostModel) and cost.attention_length == pytest.approx(ratio)
+    assert CostModelFile(seconds_per_token=1.0, seconds_per_token_pair=0.0,
+                         seconds_per_microbatch=0.0).sample_cost().attention_length == 1e12
+
+
+def _valid() -> dict:
+    return CostModelFile(seconds_per_token=1e-5, seconds_per_token_pair=1e-8, seconds_per_microbatch=1e-3).to_dict()
+
+
+@pytest.mark.parametrize(("edit", "expected"), [
+    (lambda d: d.update(format="other"), "format must be 'megatron-dpsched-cost-model'"),
+    (lambda d: d.update(version=2), "version must be 1"),
+    (lambda d: d.update(extra=1), "extra is not a field of a cost-model file"),
+    (lambda d: d.pop("step_time_model"), "step_time_model must be an object"),
+    (lambda d: d["step_time_model"].pop("seconds_per_microbatch"), "step_time_model.seconds_per_microbatch is missing"),
+    (lambda d: d["step_time_model"].update(seconds_per_token=-1), "step_time_model.seconds_per_token must be a finite"),
+    (lambda d: d["step_time_model"].update(seconds_per_token="fast"), "step_time_model.seconds_per_token must be"),
+    (lambda d: d["step_time_model"].update(backward_factor=0), "step_time_model.backward_factor must be > 0"),
+    (lambda d: d["step_time_model"].update(speed=1), "step_time_model.speed is not a step-time coefficient"),
+    (lambda d: d["step_time_model"].update(seconds_per_token=0, seconds_per_token_pair=0), "would cost nothing"),
+    (lambda d: d.update(cost_model={"hidden_size": 64}), "cost_model: .*missing"),
+    (lambda d: d.update(cost_model={"width": 64}), "cost_model.width is not a CostModel field"),
+    (lambda d: d.update(fit=[1]), "fit must be an object or null"),
+])
+def test_bad_cost_model_files_are_refused_naming_the_field(tmp_path: Path, edit, expected: str) -> None:
+    data = _valid()
+    edit(data)
+    path = tmp_path / "cost.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=expected) as error:
+        CostModelFile.load(path)
+    assert str(error.value).startswith(str(path)) and "\n" not in str(error.value)
+
+
+def test_unreadable_cost_model_files(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no such file"):
+        CostModelFile.load(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(ValueError, match="is not JSON"):
+        CostModelFile.load(tmp_path / "bad.json")
+    with pytest.raises(ValueError, match="is a JSON object, got list"):
+        CostModelFile.from_dict([])
+
+
+def test_calibrate_command_writes_the_file_and_reports(tmp_path: Path, capsys) -> None:
+    stats = _write(tmp_path / "stats", _records())
+    assert main(["calibrate", str(stats), "-o", str(tmp_path / "cost.json"), "--robust"]) == 0
+    out = capsys.readouterr().out
+    assert "fitted on 40 step records (steps 2-11" in out and "R^2" in out and "rank    3 error" in out
+    loaded = CostModelFile.load(tmp_path / "cost.json")
+    assert loaded.fit["warmup_steps"] == 2 and loaded.fit["time"] == "compute" and loaded.fit["robust"]
+    assert main(["calibrate", str(stats / "rank0.jsonl"), "--json", "--time", "compute-cpu"]) == 0
+    assert json.loads(capsys.readouterr().out)["fit"]["n"] == 10
+    assert len(read_records(stats)) == 48
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["calibrate", "MISSING"], "MISSING: no step records"),
+    (["calibrate", "STATS", "--warmup-steps", "20"], "0 step records left after the warm-up steps"),
+    (["calibrate", "STATS", "--backward-factor", "0"], "argument --backward-factor: must be > 0"),
+])
+def test_calibrate_errors_are_one_line(tmp_path: Path, capsys, argv: list[str], expected: str) -> None:
+    stats = _write(tmp_path / "stats", _records())
+    argv = [str(stats) if a == "STATS" else str(tmp_path / a) if a == "MISSING" else a for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("megatron-dpsched: error: ") and expected in err[0], err
