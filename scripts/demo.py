@@ -39,11 +39,12 @@ VOCAB = 128
 DP = 2
 RUNS = ("dp-schedule", "baseline")
 COMPARISONS = {"baseline": RUNS, "objectives": ("step-time", "micro-batches"),
-               "calibrated": ("dp-schedule", "calibrated", "dp-schedule-again")}
-"""``--compare``: the runs, the first two compared. ``objectives``: both with ``--dp-schedule``, the pipeline-aware
-step-time plan against the fewest micro-batches; ``calibrated``: ``--dp-schedule``, then ``megatron-dpsched
-calibrate`` on its step records, then ``--dp-schedule`` with the fitted ``--dp-schedule-cost-model``, then the
-first run again (the same plan twice: how much the measured step time varies from run to run)."""
+               "calibrated": ("dp-schedule", "calibrated")}
+"""``--compare``: the two runs. ``objectives``: both with ``--dp-schedule``, the pipeline-aware step-time plan
+against the fewest micro-batches; ``calibrated``: ``--dp-schedule``, then ``megatron-dpsched calibrate`` on its
+step records, then ``--dp-schedule`` with the fitted ``--dp-schedule-cost-model``."""
+TIMED = ("forward_backward_s", "compute_cpu_s", "step_time_s")
+"""Per-step figures that ``--repeat`` takes the fastest of."""
 WARMUP_STEPS = 2
 """Steps left out of the mean step times (and of the calibration)."""
 
@@ -65,7 +66,7 @@ def parse_options(argv: list[str] | None = None) -> Namespace:
     add_layout_options(parser)
     options = parser.parse_args(argv)
     for flag in ("steps", "global_batch_size", "max_tokens_per_gpu", "baseline_micro_batch_size", "dp", "pp",
-                 "hidden_size", "num_layers"):
+                 "hidden_size", "num_layers", "repeat"):
         if getattr(options, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1")
     if options.global_batch_size % (options.dp * options.baseline_micro_batch_size):
@@ -85,6 +86,9 @@ def add_layout_options(parser: argparse.ArgumentParser) -> None:
                         help="--dp-schedule-objective of the dp-schedule run (default: the plugin's)")
     parser.add_argument("--cost-model", default=None, metavar="FILE",
                         help="--dp-schedule-cost-model of the dp-schedule run (from 'megatron-dpsched calibrate')")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="train the compared runs this many times in turn (A B A B ...) and compare each step's "
+                             "fastest repeat: other processes on a shared machine only add time (default 1)")
     parser.add_argument("--compare", choices=tuple(COMPARISONS), default="baseline",
                         help="baseline: dp-schedule vs Megatron's fixed micro-batches (default); objectives: "
                              "--dp-schedule-objective step-time vs micro-batches; calibrated: dp-schedule, "
@@ -107,13 +111,14 @@ def write_corpus(path: Path, lengths: list[int], data_format: str = "jsonl") -> 
 
 
 def model_flags(seq_length: int, options: Namespace, data: Path) -> list[str]:
-    """A tiny fp32 GPT, Megatron's local implementation, CPU dry run on gloo, plus :func:`training_flags`."""
+    """A tiny fp32 GPT, Megatron's local implementation, CPU dry run on gloo, plus :func:`training_flags`
+    (``options`` without the demo's layout options, as the GPU check's: 2 layers of 64, PP=1)."""
+    layers, hidden = getattr(options, "num_layers", 2), getattr(options, "hidden_size", 64)
     return [
         "--cpu-dry-run", "--use-cpu-initialization", "--distributed-backend", "gloo", "--transformer-impl", "local",
-        "--num-layers", str(options.num_layers), "--hidden-size", str(options.hidden_size),
-        "--num-attention-heads", str(max(1, options.hidden_size // 16)),
-        "--ffn-hidden-size", str(4 * options.hidden_size),
-        "--pipeline-model-parallel-size", str(options.pp), *training_flags(seq_length, options, data),
+        "--num-layers", str(layers), "--hidden-size", str(hidden), "--num-attention-heads", str(max(1, hidden // 16)),
+        "--ffn-hidden-size", str(4 * hidden), "--pipeline-model-parallel-size", str(getattr(options, "pp", 1)),
+        *training_flags(seq_length, options, data),
     ]
 
 
@@ -140,10 +145,11 @@ def run_flags(run: str, options: Namespace, out: Path | None = None) -> list[str
         return ["--micro-batch-size", str(options.baseline_micro_batch_size)]
     flags = ["--micro-batch-size", "1", "--dp-schedule",
              "--dp-schedule-max-tokens-per-gpu", str(options.max_tokens_per_gpu), "--dp-schedule-verify", "strict"]
-    objective = run if run in ("step-time", "micro-batches") else options.objective  # dp-schedule(-again): as given
+    objective = run if run in ("step-time", "micro-batches") else getattr(options, "objective", None)
     if objective is not None:
         flags += ["--dp-schedule-objective", objective]
-    cost_model = str(out / "cost_model.json") if run == "calibrated" and out is not None else options.cost_model
+    given = getattr(options, "cost_model", None)
+    cost_model = str(out / "cost_model.json") if run == "calibrated" and out is not None else given
     if cost_model is not None:
         flags += ["--dp-schedule-cost-model", cost_model]
     return flags
@@ -253,7 +259,9 @@ def max_relative_loss_difference(a: list[dict[str, Any]], b: list[dict[str, Any]
     return max(abs(x["loss"] - y["loss"]) / abs(y["loss"]) for x, y in zip(a, b, strict=True))
 
 
-def print_comparison(results: dict[str, list[dict[str, Any]]], wall: dict[str, float], loss_diff: float) -> None:
+def print_comparison(
+    results: dict[str, list[dict[str, Any]]], wall: dict[str, float], loss_diff: float, *, repeats: int = 1
+) -> None:
     first, second = results
     ours, other = (totals(results[run]) for run in results)
     speedup = other["train_time_s"] / ours["train_time_s"]
@@ -261,7 +269,7 @@ def print_comparison(results: dict[str, list[dict[str, Any]]], wall: dict[str, f
     def pair(key: str, unit: str = " s", digits: int = 3) -> str:
         return f"{ours[key]:.{digits}f}{unit} vs {other[key]:.{digits}f}{unit} ({other[key] / ours[key]:.2f}x)"
 
-    later = f"mean over steps {WARMUP_STEPS}.., slowest rank"
+    later = f"mean over steps {WARMUP_STEPS}.., slowest rank" + (f", fastest of {repeats}" if repeats > 1 else "")
     rows = (
         ("train_step time, sum over steps", f"{ours['train_time_s']:.2f} s vs {other['train_time_s']:.2f} s "
                                             f"({speedup:.2f}x)"),
@@ -274,9 +282,10 @@ def print_comparison(results: dict[str, list[dict[str, Any]]], wall: dict[str, f
         ("job wall time incl. start-up", f"{wall[first]:.1f} s vs {wall[second]:.1f} s"),
         ("max relative loss difference", f"{loss_diff:.2e}"),
     )
+    width = max(len(label) for label, _ in rows)
     print(f"\ncomparison ({first} vs {second}, same samples per step, per-token loss; CPU measurements)")
     for label, value in rows:
-        print(f"  {label:<52}: {value}")
+        print(f"  {label:<{width}}: {value}")
 
 
 def plot_step(results: dict[str, list[dict[str, Any]]], step: int, path: Path) -> Path:
@@ -304,34 +313,56 @@ def plot_step(results: dict[str, list[dict[str, Any]]], step: int, path: Path) -
 
 
 def train_runs(options: Namespace, out: Path, *, seq_length: int, data: Path) -> tuple[dict, dict, dict]:
-    """Both runs of ``--compare`` (calibrating between them for ``calibrated``): per-step results, wall times
-    and the calibration report (empty unless ``calibrated``)."""
+    """The runs of ``--compare``, ``--repeat`` times in turn (A B A B ...; calibrating after the first run for
+    ``calibrated``): per-step results of every repeat (``<run>``, ``<run>-2``, ...), job wall times and the
+    calibration report (empty unless ``calibrated``)."""
     results, wall, calibration = {}, {}, {}
     nproc = options.dp * options.pp
-    for port, run in enumerate(COMPARISONS[options.compare], start=29400 + os.getpid() % 500):
-        if run == "calibrated":
+    order = [(run, k) for k in range(options.repeat) for run in COMPARISONS[options.compare]]
+    for port, (run, k) in enumerate(order, start=29400 + os.getpid() % 500):
+        if run == "calibrated" and k == 0:
             calibration = calibrate(out / "dp-schedule", out / "cost_model.json")
             print_calibration(calibration, out / "cost_model.json")
+        name = run if k == 0 else f"{run}-{k + 1}"
         flags = model_flags(seq_length, options, data) + run_flags(run, options, out)
         shown = " ".join(run_flags(run, options, out))
-        print(f"running {run}: torchrun --nproc-per-node {nproc} scripts/pretrain_gpt_dpsched.py ... {shown}",
+        print(f"running {name}: torchrun --nproc-per-node {nproc} scripts/pretrain_gpt_dpsched.py ... {shown}",
               flush=True)
-        wall[run] = launch(run, flags, out, port, nproc=nproc)
-        results[run] = per_step(load_step_records(out / run))
-        print_steps(run, results[run])
+        wall[name] = launch(name, flags, out, port, nproc=nproc)
+        results[name] = per_step(load_step_records(out / name))
+        print_steps(name, results[name])
     return results, wall, calibration
 
 
-def run_to_run_noise(results: dict[str, list[dict[str, Any]]]) -> dict[str, float] | None:
-    """With ``--compare calibrated``: the relative differences between the two runs of the same plans
-    (``dp-schedule`` and ``dp-schedule-again``), per mean step time figure; printed, ``None`` otherwise."""
-    if "dp-schedule-again" not in results:
+def fastest_of_repeats(results: dict[str, list[dict[str, Any]]], runs: tuple[str, ...]) -> dict[str, list]:
+    """Per run, its steps with every :data:`TIMED` figure the smallest over its repeats: other processes on a
+    shared machine only ever add time, so the fastest repeat is the closest to the plan's own time."""
+    merged = {}
+    for run in runs:
+        repeats = [steps for name, steps in results.items() if name == run or name.startswith(f"{run}-")]
+        merged[run] = [{**steps[0], **{key: _smallest([s[key] for s in steps]) for key in TIMED}}
+                       for steps in zip(*repeats, strict=True)]
+    return merged
+
+
+def _smallest(values: list[Any]) -> Any:
+    """The smallest value, per rank for per-rank lists (one rank's repeats are compared with each other)."""
+    if isinstance(values[0], list):
+        return [min(column) for column in zip(*values, strict=True)]
+    return min(values)
+
+
+def run_to_run_noise(results: dict[str, list[dict[str, Any]]], runs: tuple[str, ...]) -> dict[str, float] | None:
+    """With ``--repeat`` 2 or more: per run, how much the mean slowest-rank compute CPU seconds of the same plans
+    differ between its first two repeats (relative to the first); printed, ``None`` with one repeat."""
+    if f"{runs[0]}-2" not in results:
         return None
-    once, again = totals(results["dp-schedule"]), totals(results["dp-schedule-again"])
-    keys = ("mean_forward_backward_s", "mean_compute_cpu_s", "mean_step_time_s")
-    noise = {key: abs(again[key] - once[key]) / once[key] for key in keys}
-    print(f"\nrun-to-run (dp-schedule twice, same plans): forward-backward wall differs by "
-          f"{noise['mean_forward_backward_s']:.1%}, compute CPU s by {noise['mean_compute_cpu_s']:.1%}")
+    noise = {}
+    for run in runs:
+        once, again = totals(results[run]), totals(results[f"{run}-2"])
+        noise[run] = abs(again["mean_compute_cpu_s"] - once["mean_compute_cpu_s"]) / once["mean_compute_cpu_s"]
+    shown = ", ".join(f"{run} {value:.1%}" for run, value in noise.items())
+    print(f"\nrun-to-run (same plans, first two repeats): mean compute CPU seconds differ by {shown}")
     return noise
 
 
@@ -357,20 +388,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"DP={options.dp} PP={options.pp} on CPU/gloo; global batch {options.global_batch_size}, "
           f"{options.steps} steps; baseline pads to --seq-length {seq_length}")
     results, wall, calibration = train_runs(options, out, seq_length=seq_length, data=data)
-    first, second = COMPARISONS[options.compare][:2]
-    checks = {run: plan_check(out / run) for run in results if run != "baseline"}
+    first, second = COMPARISONS[options.compare]
+    noise = run_to_run_noise(results, (first, second))
+    checks = {run: plan_check(out / run) for run in results if not run.startswith("baseline")}
     for run, check in checks.items():
         print(f"\n{run} micro-batches per step {check['counts']}; every rank's micro-batches (sample ids) "
               f"{'match' if check['match'] else 'DO NOT MATCH'} the plan the loader gives for the same steps")
-    loss_diff = max_relative_loss_difference(results[first], results[second])
-    print_comparison({run: results[run] for run in (first, second)}, wall, loss_diff)
-    noise = run_to_run_noise(results)
+    loss_diff = max(max_relative_loss_difference(results[first], steps) for steps in results.values())
+    every, results = results, fastest_of_repeats(results, (first, second))
+    print_comparison(results, wall, loss_diff, repeats=options.repeat)
     candidates = range(1, len(results[second])) if len(results[second]) > 1 else range(1)
     step = max(candidates, key=lambda s: results[second][s]["imbalance"])  # step 0 includes warm-up
-    png = plot_step({run: results[run] for run in (first, second)}, step,
-                    Path(options.plot) if options.plot else out / "demo_load.png")
+    png = plot_step(results, step, Path(options.plot) if options.plot else out / "demo_load.png")
     print(f"\nper-rank load of step {step} (largest {second} imbalance after step 0): {png}")
-    summary = {"compare": options.compare, "results": results, "wall_s": wall,
+    summary = {"compare": options.compare, "repeat": options.repeat, "results": results, "runs": every, "wall_s": wall,
                "totals": {run: totals(steps) for run, steps in results.items()},
                "plan_matches": all(c["match"] for c in checks.values()),
                "micro_batch_counts": checks[first]["counts"], "max_relative_loss_difference": loss_diff,

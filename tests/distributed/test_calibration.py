@@ -1,11 +1,11 @@
 """Calibration from a real run: step records of the CPU demo, ``megatron-dpsched calibrate``, and planning
 with the fitted ``--dp-schedule-cost-model``; the flag's validation.
 
-The demo (``scripts/demo.py --compare calibrated``) trains three real Megatron jobs on gloo (DP=2, the
-demo's 2-layer GPT, 6 steps of 32 samples): ``--dp-schedule``; then, calibrated on the first run's
-records (CPU seconds of each rank's forward-backward without the gradient reduction, steps 2..5,
-Huber), ``--dp-schedule --dp-schedule-cost-model``; then the first run again, which measures how much the
-same plans' step time moves from run to run on this machine.
+The demo (``scripts/demo.py --compare calibrated --repeat 2``) trains real Megatron jobs on gloo (DP=2, the
+demo's 2-layer GPT, 6 steps of 32 samples): ``--dp-schedule``; then, calibrated on that run's records (CPU
+seconds of each rank's forward-backward without the gradient reduction, steps 2..5, Huber),
+``--dp-schedule --dp-schedule-cost-model``; then both once more. Each step's time is the fastest of its two
+repeats: other processes on this shared machine only ever add time.
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ REPO = Path(__file__).resolve().parents[2]
 PREDICTION_RTOL = 0.15
 """The issue's bound on each rank's predicted step time against the measured one."""
 NOT_WORSE_RTOL = 0.05
-"""Calibrated planning may measure at most this much slower than the slower of the two uncalibrated runs
-around it: the two runs bracket the machine's load drift, and on this 2-core machine the step time of the
-same plans moves by 1-8% between back-to-back runs when it is not crowded (see the README)."""
+"""Calibrated planning may measure at most this much slower than planning with the FLOPs model (mean over
+steps 2.. of the slowest rank's compute CPU seconds, fastest of two repeats). Measured run-to-run: the same
+plans differ by 1-4% between repeats when the machine is quiet, by up to 35% when other jobs crowd it
+(which the fastest of two repeats mostly removes); 5% is above the quiet noise."""
 
 
 def _args(*argv: str, **overrides: object) -> argparse.Namespace:
@@ -85,7 +86,7 @@ def test_bad_cost_model_files_fail_at_argument_time_naming_the_flag_and_field(tm
 def calibrated(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     out = tmp_path_factory.mktemp("calibrated")
     cmd = [sys.executable, str(REPO / "scripts" / "demo.py"), "--out", str(out), "--steps", "6",
-           "--compare", "calibrated"]
+           "--compare", "calibrated", "--repeat", "2"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     print(proc.stdout[proc.stdout.index("calibrated on"):])  # the measured figures, with pytest -s
@@ -118,7 +119,7 @@ def test_the_fitted_model_predicts_every_rank_within_15_percent(calibrated) -> N
 def test_planning_with_the_fitted_model_is_not_slower(calibrated) -> None:
     summary, _ = calibrated
     assert summary["plan_matches"]
+    assert set(summary["runs"]) == {"dp-schedule", "calibrated", "dp-schedule-2", "calibrated-2"}
     figure = {run: t["mean_compute_cpu_s"] for run, t in summary["totals"].items()}
-    slower_uncalibrated = max(figure["dp-schedule"], figure["dp-schedule-again"])
-    assert figure["calibrated"] <= slower_uncalibrated * (1 + NOT_WORSE_RTOL), (figure, summary["run_to_run_noise"])
+    assert figure["calibrated"] <= figure["dp-schedule"] * (1 + NOT_WORSE_RTOL), (figure, summary["run_to_run_noise"])
     assert summary["max_relative_loss_difference"] < 1e-4
