@@ -152,6 +152,11 @@ def fit(
         huber = _huber_weights(relative)
         coefficients = nnls(rows, targets, [w * h for w, h in zip(weights, huber, strict=True)])
     a, b, c = coefficients
+    if a <= 0 and b <= 0:
+        raise ValueError("the fit puts all the time on the micro-batch count (0 seconds per token and per "
+                         "sum(length^2)): the records' micro-batch counts, tokens and squared lengths do not vary "
+                         "independently enough; record steps whose micro-batches differ more (a smaller token cap, "
+                         "more steps)")
     result = CalibrationFit(seconds_per_token=a, seconds_per_token_pair=b, seconds_per_microbatch=c,
                             backward_factor=backward_factor, report={})
     report = fit_report(result, usable)

@@ -89,6 +89,10 @@ def test_records_of_pipelined_or_old_runs_are_refused() -> None:
     old = [{k: v for k, v in r.items() if k != "sum_sq_lengths"} for r in _records()]
     with pytest.raises(ValueError, match="has no 'sum_sq_lengths'"):
         samples_from_records(old)
+    flat = [StepSample(rank=0, step=2, tokens=100 + i, sum_sq=10_000 + 200 * i, micro_batches=2, seconds=1.0)
+            for i in range(5)]  # the same time whatever the tokens: only the micro-batch term fits
+    with pytest.raises(ValueError, match="do not vary independently enough"):
+        fit(flat)
     with pytest.raises(ValueError, match="needs at least 3"):
         fit([StepSample(rank=0, step=2, tokens=10, sum_sq=100, micro_batches=1, seconds=1.0)])
 
