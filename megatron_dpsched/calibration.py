@@ -34,6 +34,9 @@ from typing import Any
 from megatron_dpsched.core.cost import CostModel, CostModelFile
 
 LENGTH_FIGURES = {"real": ("real_tokens", "sum_sq_lengths"), "padded": ("padded_tokens", "padded_sum_sq")}
+PART_COLUMNS = {"real": (0, 1), "padded": (2, 3)}
+"""``--lengths``: the columns of ``micro_batch_figures``; ``micro_batch_seconds`` holds ``[wall, CPU]``."""
+PART_CLOCKS = {"compute": 0, "compute-cpu": 1}
 """``--lengths``: the record fields of ``T`` and ``S``; ``real`` is what the planner sees, ``padded`` what the
 micro-batch tensors hold (padding included)."""
 TIME_FIELDS = {"compute": "compute_s", "forward-backward": "forward_backward_s", "compute-cpu": "compute_cpu_s"}
@@ -59,6 +62,10 @@ class StepSample:
     """``M``: micro-batches the rank ran."""
     seconds: float
     """Measured seconds."""
+    parts: tuple[tuple[int, int, float], ...] = ()
+    """Per micro-batch ``(tokens, sum of squared lengths, measured seconds)``, when recorded: many more, and
+    more varied, rows for the fit than one per step (the step's seconds also count its first micro-batch's
+    loading, which the parts leave out)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,8 +136,19 @@ def samples_from_records(
         if record["step"] >= warmup_steps:
             samples.append(StepSample(rank=record["rank"], step=record["step"], tokens=record[tokens],
                                       sum_sq=record[squares], micro_batches=record["micro_batches"],
-                                      seconds=float(record[TIME_FIELDS[time]])))
+                                      seconds=float(record[TIME_FIELDS[time]]),
+                                      parts=_parts(record, lengths=lengths, time=time)))
     return samples
+
+
+def _parts(record: Mapping[str, Any], *, lengths: str, time: str) -> tuple[tuple[int, int, float], ...]:
+    """The record's per-micro-batch rows, ``()`` where it has none (or for ``--time forward-backward``)."""
+    figures, seconds = record.get("micro_batch_figures"), record.get("micro_batch_seconds")
+    if time not in PART_CLOCKS or not figures or not seconds or len(figures) != len(seconds):
+        return ()
+    t, s = PART_COLUMNS[lengths]
+    clock = PART_CLOCKS[time]
+    return tuple((int(f[t]), int(f[s]), float(w[clock])) for f, w in zip(figures, seconds, strict=True))
 
 
 def fit(
@@ -143,8 +161,7 @@ def fit(
     if len(usable) < 3:
         raise ValueError(f"{len(usable)} step records left after the warm-up steps; the fit needs at least 3 "
                          "(train more steps or pass a smaller --warmup-steps)")
-    rows = [[(1 + backward_factor) * value for value in (s.tokens, s.sum_sq, s.micro_batches)] for s in usable]
-    targets = [s.seconds for s in usable]
+    rows, targets = _rows(usable, backward_factor)
     weights = [1.0 / (t * t) for t in targets]  # squared relative error
     coefficients = nnls(rows, targets, weights)
     for _ in range(iterations if robust else 0):
@@ -159,9 +176,46 @@ def fit(
                          "more steps)")
     result = CalibrationFit(seconds_per_token=a, seconds_per_token_pair=b, seconds_per_microbatch=c,
                             backward_factor=backward_factor, report={})
-    report = fit_report(result, usable)
+    report = {**fit_report(result, usable), "robust": robust, "rows": "micro-batch" if len(rows) > len(usable)
+              else "step", "n_rows": len(rows), "standard_errors": standard_errors(rows, targets, coefficients)}
     return CalibrationFit(seconds_per_token=a, seconds_per_token_pair=b, seconds_per_microbatch=c,
-                          backward_factor=backward_factor, report={**report, "robust": robust})
+                          backward_factor=backward_factor, report=report)
+
+
+COEFFICIENTS = ("seconds_per_token", "seconds_per_token_pair", "seconds_per_microbatch")
+
+
+def _rows(samples: Sequence[StepSample], backward_factor: float) -> tuple[list[list[float]], list[float]]:
+    """The fit's rows ``(1 + k) * (tokens, sum_sq, micro-batches)`` and seconds: one per micro-batch where every
+    sample has its parts, else one per step."""
+    k = 1 + backward_factor
+    if all(s.parts for s in samples):
+        parts = [part for s in samples for part in s.parts if part[2] > 0]
+        return [[k * t, k * q, k] for t, q, _ in parts], [seconds for _, _, seconds in parts]
+    return [[k * s.tokens, k * s.sum_sq, k * s.micro_batches] for s in samples], [s.seconds for s in samples]
+
+
+def standard_errors(
+    rows: Sequence[Sequence[float]], targets: Sequence[float], coefficients: Sequence[float]
+) -> dict[str, float | None]:
+    """Per coefficient, its standard error from the relative residuals (weighted least squares on the
+    coefficients left positive); ``None`` for one held at 0 or too few rows."""
+    support = [c for c, value in enumerate(coefficients) if value > 0]
+    errors: dict[str, float | None] = dict.fromkeys(COEFFICIENTS)
+    if not support or len(rows) <= len(support):
+        return errors
+    weights = [1.0 / (t * t) for t in targets]
+    residual = sum(w * (_dot(r, coefficients) - t) ** 2 for r, t, w in zip(rows, targets, weights, strict=True))
+    variance = residual / (len(rows) - len(support))
+    scale = [math.sqrt(sum(w * r[c] ** 2 for r, w in zip(rows, weights, strict=True))) for c in support]
+    matrix = [[sum(w * r[i] * r[j] for r, w in zip(rows, weights, strict=True)) / (scale[a] * scale[b])
+               for b, j in enumerate(support)] for a, i in enumerate(support)]
+    for position, column in enumerate(support):
+        unit = [1.0 if i == position else 0.0 for i in range(len(support))]
+        inverse = _solve(matrix, unit)
+        if inverse is not None and inverse[position] >= 0:
+            errors[COEFFICIENTS[column]] = math.sqrt(variance * inverse[position]) / scale[position]
+    return errors
 
 
 def fit_report(model: CalibrationFit, samples: Sequence[StepSample]) -> dict[str, Any]:

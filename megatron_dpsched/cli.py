@@ -324,18 +324,24 @@ def calibration_lines(cost_file: CostModelFile) -> list[str]:
     """The fitted coefficients and the fit report as text."""
     report = cost_file.fit
     lines = [
-        f"fitted on {report['n']} step records (steps {report['steps'][0]}-{report['steps'][-1]}, {report['time']} "
-        f"time, {report['lengths']} lengths, backward factor {cost_file.backward_factor:g}"
+        f"fitted on {report['n']} step records (steps {report['steps'][0]}-{report['steps'][-1]}, {report['n_rows']} "
+        f"{report['rows']} rows, {report['time']} time, {report['lengths']} lengths, backward factor "
+        f"{cost_file.backward_factor:g}"
         f"{', Huber' if report['robust'] else ''})",
-        f"  seconds per token            : {cost_file.seconds_per_token:.4g}",
-        f"  seconds per sum(length^2)    : {cost_file.seconds_per_token_pair:.4g}",
-        f"  seconds per micro-batch      : {cost_file.seconds_per_microbatch:.4g}",
+        *(f"  {label:<29}: {getattr(cost_file, name):.4g}{_plus_minus(report, name)}" for name, label in (
+            ("seconds_per_token", "seconds per token"), ("seconds_per_token_pair", "seconds per sum(length^2)"),
+            ("seconds_per_microbatch", "seconds per micro-batch"))),
         f"  R^2                          : {report['r_squared']:.4f}",
         f"  relative error, mean / max   : {report['mean_relative_error']:.1%} / {report['max_relative_error']:.1%}",
     ]
     for rank, errors in report["rank_relative_errors"].items():
         lines.append(f"  rank {rank:>4} error, mean / max : {errors['mean']:.1%} / {errors['max']:.1%}")
     return lines
+
+
+def _plus_minus(report: dict, name: str) -> str:
+    error = report.get("standard_errors", {}).get(name)
+    return "" if error is None else f" +- {error:.2g}"
 
 
 def _fail(message: object) -> int:

@@ -368,9 +368,12 @@ def run_to_run_noise(results: dict[str, list[dict[str, Any]]], runs: tuple[str, 
 
 def print_calibration(report: dict[str, Any], path: Path) -> None:
     ranks = ", ".join(f"rank {r} {e['max']:.1%}" for r, e in report["rank_relative_errors"].items())
-    print(f"\ncalibrated on the dp-schedule run's steps {report['steps'][0]}..{report['steps'][-1]} (CPU seconds of "
-          f"each rank's forward-backward, Huber): R^2 {report['r_squared']:.3f}, relative error mean "
-          f"{report['mean_relative_error']:.1%}, max per rank: {ranks}; wrote {path}")
+    fitted = ", ".join(f"{name} {value:.3g}" for name, value in json.loads(path.read_text())["step_time_model"].items())
+    steps = f"{report['steps'][0]}..{report['steps'][-1]}"
+    print(f"\ncalibrated on the dp-schedule run's steps {steps} ({report['n_rows']} {report['rows']} rows, CPU "
+          f"seconds of each rank's forward-backward, Huber): {fitted}; each rank's step "
+          f"time predicted with relative error mean {report['mean_relative_error']:.1%}, max per rank: {ranks}; "
+          f"R^2 {report['r_squared']:.3f}; wrote {path}")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

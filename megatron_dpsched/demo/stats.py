@@ -8,8 +8,8 @@ and wraps ``megatron.training.training.train_step`` (:meth:`install`, after
     {"step", "rank", "dp_rank", "pp_rank", "tp_rank", "dp_size", "pp_size", "vpp_size", "tp_size", "cp_size",
      "iteration", "consumed_samples", "fingerprint", "micro_batches", "samples", "tokens", "padded_tokens",
      "real_tokens", "sum_sq_lengths", "padded_sum_sq", "step_time_s", "forward_backward_s", "grad_sync_s",
-     "compute_s", "forward_backward_cpu_s", "grad_sync_cpu_s", "compute_cpu_s", "loss", "lr", "peak_memory_bytes"
-     [, "micro_batch_ids"]}
+     "compute_s", "forward_backward_cpu_s", "grad_sync_cpu_s", "compute_cpu_s", "loss", "lr", "peak_memory_bytes",
+     "micro_batch_figures", "micro_batch_seconds" [, "micro_batch_ids"]}
 
 ``tokens`` are loss tokens (real sample positions), ``padded_tokens`` the
 positions the micro-batch tensors hold (padding included); ``loss`` is
@@ -28,7 +28,11 @@ the slowest rank) and ``compute_s`` the difference: this rank's own forward and 
 work, what ``megatron-dpsched calibrate`` fits. The ``*_cpu_s`` figures are the same spans in
 CPU seconds of the training thread (``time.thread_time``): on CPU runs of a shared machine they
 leave out the time other processes held the cores (``calibrate --time compute-cpu``); they do not
-see GPU work or waiting. ``peak_memory_bytes`` is
+see GPU work or waiting. Per micro-batch of chunk 0, in the order read, ``micro_batch_figures`` holds ``[real tokens,
+sum of squared lengths, padded tokens, padded sum of squares]`` and ``micro_batch_seconds`` ``[wall, CPU]`` seconds
+from reading it to reading the next (the last: to the gradient reduction): with one pipeline stage
+its forward and backward (``forward_backward_no_pipelining`` runs them back to back) and the next
+micro-batch's loading. ``peak_memory_bytes`` is
 ``torch.cuda.max_memory_allocated()`` since the process started
 (``None`` without CUDA, as in the CPU dry run); ``iteration`` and
 ``consumed_samples`` Megatron's counters before the step, ``fingerprint`` the
@@ -61,9 +65,12 @@ class StepRecorder:
         self._batches: list[tuple[int, int, int, int, int, int]] = []
         self._ids: list[list[int]] = []
         self._times: dict[str, float] = {}
+        self._stamps: list[tuple[float, float]] = []  # (wall, thread CPU) when each micro-batch was read
+        self._sync_start: tuple[float, float] | None = None
 
     def on_batch(self, batch: Mapping[str, Any]) -> None:
         """Record one micro-batch: samples, loss tokens, padded positions and the length figures."""
+        self._stamps.append((time.perf_counter(), time.thread_time()))
         mask = batch["loss_mask"]
         ids = batch.get("sample_ids")
         samples = ids.numel() if ids is not None else batch["tokens"].shape[0]
@@ -127,6 +134,8 @@ class StepRecorder:
         def timed(*args: Any, **kwargs: Any) -> Any:
             _synchronize()
             start, cpu = time.perf_counter(), time.thread_time()
+            if key == "grad_sync_s":
+                self._sync_start = (start, cpu)
             try:
                 return func(*args, **kwargs)
             finally:
@@ -155,6 +164,8 @@ class StepRecorder:
             "lr": lr,
             "peak_memory_bytes": torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None,
         }
+        record["micro_batch_figures"] = [[b[3], b[4], b[2], b[5]] for b in self._batches]
+        record["micro_batch_seconds"] = self._micro_batch_seconds()
         if self._ids:
             record["micro_batch_ids"] = self._ids
         with self.path.open("a") as out:
@@ -163,6 +174,17 @@ class StepRecorder:
         self._batches = []
         self._ids = []
         self._times = {}
+        self._stamps = []
+        self._sync_start = None
+
+    def _micro_batch_seconds(self) -> list[list[float]] | None:
+        """Per micro-batch, ``[wall, thread CPU]`` seconds from reading it to reading the next (its forward,
+        its backward with one pipeline stage, the next one's loading), the last one up to the gradient
+        reduction; ``None`` when ``forward_backward_func`` was not timed."""
+        if self._sync_start is None or not self._stamps:
+            return None
+        ends = [*self._stamps[1:], self._sync_start]
+        return [[end[0] - start[0], end[1] - start[1]] for start, end in zip(self._stamps, ends, strict=True)]
 
     def _batch_figures(self) -> dict[str, int]:
         names = ("samples", "tokens", "padded_tokens", "real_tokens", "sum_sq_lengths", "padded_sum_sq")

@@ -94,21 +94,26 @@ def calibrated(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
 
 
 def test_records_hold_the_figures_the_fit_needs(calibrated) -> None:
-    _, out = calibrated
+    summary, out = calibrated
     records = read_records(out / "dp-schedule")
+    lengths = summary["lengths"]
     assert len(records) == 12 and {r["pp_size"] for r in records} == {1}
     for record in records:
         assert record["compute_s"] == pytest.approx(record["forward_backward_s"] - record["grad_sync_s"])
         assert 0 < record["compute_cpu_s"] and 0 < record["compute_s"] < record["step_time_s"]
         assert record["real_tokens"] == record["tokens"]  # every real position is a loss token here
         assert record["padded_sum_sq"] >= record["sum_sq_lengths"] > record["real_tokens"]
-        assert record["micro_batches"] == len(record["micro_batch_ids"])
+        assert record["micro_batches"] == len(record["micro_batch_ids"]) == len(record["micro_batch_seconds"])
+        assert [f[0] for f in record["micro_batch_figures"]] == [
+            sum(lengths[i] for i in ids) for ids in record["micro_batch_ids"]]
+        wall = sum(seconds[0] for seconds in record["micro_batch_seconds"])
+        assert 0 < wall <= record["compute_s"]  # the first micro-batch's loading comes before its stamp
 
 
 def test_the_fitted_model_predicts_every_rank_within_15_percent(calibrated) -> None:
     summary, out = calibrated
     report = summary["calibration"]
-    assert report["n"] == 8 and report["steps"] == [2, 3, 4, 5]
+    assert report["n"] == 8 and report["steps"] == [2, 3, 4, 5] and report["rows"] == "micro-batch"
     errors = {rank: e["max"] for rank, e in report["rank_relative_errors"].items()}
     assert max(errors.values()) < PREDICTION_RTOL, errors
     loaded = CostModelFile.load(out / "cost_model.json")

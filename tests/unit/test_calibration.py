@@ -175,3 +175,34 @@ def test_calibrate_errors_are_one_line(tmp_path: Path, capsys, argv: list[str], 
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("megatron-dpsched: error: ") and expected in err[0], err
+
+
+def _with_parts(records: list[dict], *, seed: int = 1) -> list[dict]:
+    """The records with per-micro-batch figures and seconds following ``TRUE`` (1% noise); one micro-batch
+    count per step for every rank, so step rows alone cannot tell the per-micro-batch term from the rest."""
+    rng = random.Random(seed)
+    for record in records:
+        parts = [[rng.randint(20, 600) for _ in range(rng.randint(1, 6))] for _ in range(3)]
+        record["micro_batches"] = 3
+        record["micro_batch_figures"] = [[sum(p), sum(n * n for n in p), sum(p), sum(n * n for n in p)] for p in parts]
+        figures = record["micro_batch_figures"]
+        seconds = [3 * (TRUE["seconds_per_token"] * f[0] + TRUE["seconds_per_token_pair"] * f[1]
+                        + TRUE["seconds_per_microbatch"]) * (1 + rng.gauss(0, 0.01)) for f in figures]
+        record["micro_batch_seconds"] = [[w, w] for w in seconds]
+        record["real_tokens"] = sum(f[0] for f in record["micro_batch_figures"])
+        record["sum_sq_lengths"] = sum(f[1] for f in record["micro_batch_figures"])
+        record["compute_s"] = record["compute_cpu_s"] = sum(seconds) * 1.01  # plus the first batch's loading
+        record["forward_backward_s"] = record["compute_s"] * 1.1
+    return records
+
+
+def test_micro_batch_rows_separate_the_per_micro_batch_term() -> None:
+    records = _with_parts(_records(steps=5, ranks=2))
+    result = fit(samples_from_records(records, time="compute-cpu"))
+    assert result.report["rows"] == "micro-batch" and result.report["n_rows"] == 18 and result.report["n"] == 6
+    for name, value in TRUE.items():
+        assert getattr(result, name) == pytest.approx(value, rel=0.1), name
+        assert 0 < result.report["standard_errors"][name] < 0.1 * value, name
+    assert result.report["max_relative_error"] < 0.03  # the steps, predicted from the micro-batch fit
+    steps_only = fit(samples_from_records(records, time="forward-backward"))  # no parts for this clock
+    assert steps_only.report["rows"] == "step"
