@@ -283,7 +283,8 @@ def print_comparison(
         ("max relative loss difference", f"{loss_diff:.2e}"),
     )
     width = max(len(label) for label, _ in rows)
-    print(f"\ncomparison ({first} vs {second}, same samples per step, per-token loss; CPU measurements)")
+    print(f"\ncomparison ({first} vs {second}, same samples per step, per-token loss; CPU measurements; "
+          f"Nx = {second} / {first})")
     for label, value in rows:
         print(f"  {label:<{width}}: {value}")
 
