@@ -25,11 +25,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from megatron_dpsched.baselines.megatron_lm_rl import megatron_lm_rl
-from megatron_dpsched.baselines.nemo_rl import nemo_rl
+from megatron_dpsched.baselines.megatron_lm_rl import megatron_lm_rl_plan
+from megatron_dpsched.baselines.nemo_rl import nemo_rl_plan
 from megatron_dpsched.baselines.simple import global_first_fit, megatron_fixed, per_rank_first_fit
-from megatron_dpsched.baselines.slime import slime_kk, slime_strided
-from megatron_dpsched.baselines.verl import verl
+from megatron_dpsched.baselines.slime import slime_kk_plan, slime_strided_plan
+from megatron_dpsched.baselines.verl import verl_plan
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
 from megatron_dpsched.core.schedule import DPSchedule, assemble_schedule
 from megatron_dpsched.core.steps import split_steps
@@ -41,11 +41,11 @@ PLANNERS: dict[str, StepPlanner] = {
     "megatron_fixed": megatron_fixed,
     "per_rank_first_fit": per_rank_first_fit,
     "global_first_fit": global_first_fit,
-    "verl": verl,
-    "nemo_rl": nemo_rl,
-    "slime_strided": slime_strided,
-    "slime_kk": slime_kk,
-    "megatron_lm_rl": megatron_lm_rl,
+    "verl": verl_plan,
+    "nemo_rl": nemo_rl_plan,
+    "slime_strided": slime_strided_plan,
+    "slime_kk": slime_kk_plan,
+    "megatron_lm_rl": megatron_lm_rl_plan,
 }
 
 BASELINES = tuple(PLANNERS)

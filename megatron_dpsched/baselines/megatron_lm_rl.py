@@ -27,7 +27,7 @@ MAX_SEQUENCES_PER_BIN = 50
 """Megatron-LM's default ``--rl-sequence-packing-max-sequences-per-bin``."""
 
 
-def megatron_lm_rl(
+def megatron_lm_rl_plan(
     step: list[int], *, sizes: Sequence[int], costs: Sequence[float], config: ScheduleConfig
 ) -> list[RankPlan]:
     """Next-fit decreasing bins, dealt FIFO, padded to the same legal count (module docstring)."""

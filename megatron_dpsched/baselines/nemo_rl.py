@@ -35,7 +35,9 @@ Item = tuple[int, int]
 """(position in the step, length)."""
 
 
-def nemo_rl(step: list[int], *, sizes: Sequence[int], costs: Sequence[float], config: ScheduleConfig) -> list[RankPlan]:
+def nemo_rl_plan(
+    step: list[int], *, sizes: Sequence[int], costs: Sequence[float], config: ScheduleConfig
+) -> list[RankPlan]:
     """MFFD, bin count adjusted to a multiple of ``dp``, bins dealt round-robin (module docstring)."""
     dp = config.dp_size
     bins = modified_first_fit_decreasing([sizes[i] for i in step], config.token_cap)

@@ -42,10 +42,10 @@ def karmarkar_karp(weights: Sequence[float], num_parts: int, *, equal_size: bool
 
 
 def _keyed(parts: list[Part], serial: int) -> tuple:
-    """Heap entry: the largest spread first, then the heaviest top part, then the older partial."""
+    """Heap entry: the largest spread first, then the largest top part (weight, item count, items)."""
     parts = sorted(parts, reverse=True)
     top = parts[0]
-    return (-(top[0] - parts[-1][0]), -top[0], -top[1], serial, parts)
+    return (-(top[0] - parts[-1][0]), -top[0], -top[1], tuple(-i for i in top[2]), serial, parts)
 
 
 def pad_to_legal(ranks: list[RankPlan], layout: PipelineLayout) -> list[RankPlan]:

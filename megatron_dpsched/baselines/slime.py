@@ -29,7 +29,7 @@ from megatron_dpsched.core.config import RankPlan, ScheduleConfig
 from megatron_dpsched.core.packing import first_fit
 
 
-def slime_strided(
+def slime_strided_plan(
     step: list[int], *, sizes: Sequence[int], costs: Sequence[float], config: ScheduleConfig
 ) -> list[RankPlan]:
     """``balance_data`` off: aligned first-fit bins dealt strided."""
@@ -38,7 +38,7 @@ def slime_strided(
     return pad_to_legal([[bins[b] for b in range(r, len(bins), dp)] for r in range(dp)], config.layout)
 
 
-def slime_kk(
+def slime_kk_plan(
     step: list[int], *, sizes: Sequence[int], costs: Sequence[float], config: ScheduleConfig
 ) -> list[RankPlan]:
     """``balance_data`` on: aligned first-fit bins dealt by equal-count Karmarkar-Karp on their cost."""

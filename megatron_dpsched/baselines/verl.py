@@ -39,7 +39,9 @@ def workload(length: int) -> int:
     return WORKLOAD_PER_TOKEN * length + length * length
 
 
-def verl(step: list[int], *, sizes: Sequence[int], costs: Sequence[float], config: ScheduleConfig) -> list[RankPlan]:
+def verl_plan(
+    step: list[int], *, sizes: Sequence[int], costs: Sequence[float], config: ScheduleConfig
+) -> list[RankPlan]:
     """Karmarkar-Karp over DP ranks, then over each rank's micro-batches (module docstring)."""
     ranks = [
         _light_at_both_ends_samples([step[p] for p in part], sizes)
