@@ -68,10 +68,21 @@ def _room(bin_items: list[Item], cap: int) -> int:
 
 def _add_one_medium(bins: list[list[Item]], medium: list[Item], cap: int) -> None:
     for b in bins:
-        room = _room(b, cap)
-        pick = next((k for k, (_, size) in enumerate(medium) if size <= room), None)
+        pick = _first_fitting(medium, _room(b, cap))
         if pick is not None:
             b.append(medium.pop(pick))
+
+
+def _first_fitting(descending: list[Item], room: int) -> int | None:
+    """Position of the first (largest) item of a list sorted by size descending that fits ``room``."""
+    low, high = 0, len(descending)
+    while low < high:
+        middle = (low + high) // 2
+        if descending[middle][1] <= room:
+            high = middle
+        else:
+            low = middle + 1
+    return low if low < len(descending) else None
 
 
 def _add_small_pairs(bins: list[list[Item]], small: list[Item], cap: int) -> None:
@@ -91,12 +102,13 @@ def _add_small_pairs(bins: list[list[Item]], small: list[Item], cap: int) -> Non
 def _fill_greedily(bins: list[list[Item]], rest: list[Item], cap: int) -> None:
     """Each bin in turn takes the largest remaining item that fits until none does."""
     for b in bins:
-        while rest:
-            room = _room(b, cap)
-            pick = next((k for k, (_, size) in enumerate(rest) if size <= room), None)
-            if pick is None:
-                break
-            b.append(rest.pop(pick))
+        room = _room(b, cap)
+        pick = _first_fitting(rest, room)
+        while pick is not None:
+            item = rest.pop(pick)
+            b.append(item)
+            room -= item[1]
+            pick = _first_fitting(rest, room)
 
 
 def _worst_fit_decreasing(rest: list[Item], cap: int) -> list[list[Item]]:

@@ -22,6 +22,7 @@ first-fit count, all-reduced MAX, uncapped KK), close to ``"per_rank_first_fit"`
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 
 from megatron_dpsched.baselines.partition import karmarkar_karp, pad_to_legal, round_up
@@ -59,11 +60,10 @@ def _aligned_bins(step: list[int], sizes: Sequence[int], config: ScheduleConfig)
 def split_largest(bins: list[list[int]], sizes: Sequence[int], target: int) -> None:
     """In place: split the multi-sample bin with the most tokens (the later one on ties) until
     there are ``target`` bins or none can be split."""
-    while len(bins) < target:
-        candidates = [(sum(sizes[i] for i in b), k) for k, b in enumerate(bins) if len(b) > 1]
-        if not candidates:
-            return
-        _, k = max(candidates)
+    heap = [(-sum(sizes[i] for i in b), -k) for k, b in enumerate(bins) if len(b) > 1]
+    heapq.heapify(heap)
+    while len(bins) < target and heap:
+        k = -heapq.heappop(heap)[1]
         halves: list[list[int]] = [[], []]
         loads = [0, 0]
         for item in sorted(bins[k], key=lambda i: -sizes[i]):
@@ -72,3 +72,6 @@ def split_largest(bins: list[list[int]], sizes: Sequence[int], target: int) -> N
             loads[side] += sizes[item]
         bins[k] = halves[0]
         bins.append(halves[1])
+        for index, load in ((k, loads[0]), (len(bins) - 1, loads[1])):
+            if len(bins[index]) > 1:
+                heapq.heappush(heap, (-load, -index))
