@@ -36,7 +36,8 @@ from megatron_dpsched.core.steptime import StepTimeModel, simulate_step  # noqa:
 GPT_7B = CostModel(
     hidden_size=4096, num_layers=32, num_attention_heads=32, ffn_hidden_size=11008, vocab_size=32000, swiglu=True,
 )
-PROJECT = "dpsched"
+PROJECTS = ("dpsched", "dpsched+steptime")
+"""The planner with ``balance="cost"``, and with the step-time objective (``step_time_model``)."""
 DPS, CAPS, LAYOUTS = (8, 64), (4096, 16384), ((1, 1), (4, 2))
 TOLERANCE = 0.005
 
@@ -74,22 +75,23 @@ def step_times(schedule: DPSchedule, model: StepTimeModel) -> tuple[float, ...]:
     return tuple(times)
 
 
-def plans(lengths: list[int], *, config: ScheduleConfig) -> dict[str, DPSchedule]:
-    """The project's plan and every baseline's, on the same steps and costs."""
-    ours = build_dp_schedule(
-        lengths, dp_size=config.dp_size, global_batch_size=config.global_batch_size,
+def plans(lengths: list[int], *, config: ScheduleConfig, model: StepTimeModel) -> dict[str, DPSchedule]:
+    """The project's plans and every baseline's, on the same steps and costs."""
+    options = dict(
+        dp_size=config.dp_size, global_batch_size=config.global_batch_size,
         max_tokens_per_gpu=config.max_tokens_per_gpu, pp_size=config.pp_size, vpp_size=config.vpp_size,
         balance="cost", cost_model=GPT_7B,
     )
+    out = {PROJECTS[0]: build_dp_schedule(lengths, **options),
+           PROJECTS[1]: build_dp_schedule(lengths, step_time_model=model, **options)}
     costs = sample_costs(lengths, GPT_7B)
-    out = {PROJECT: ours}
     out.update({name: build_baseline_schedule(name, lengths, config=config, costs=costs) for name in BASELINES})
     return out
 
 
 def run_setting(lengths: list[int], *, setting: tuple, config: ScheduleConfig, model: StepTimeModel) -> list[Row]:
     rows = []
-    for method, schedule in plans(lengths, config=config).items():
+    for method, schedule in plans(lengths, config=config, model=model).items():
         rows.append(Row(
             setting=setting, method=method, step_seconds=step_times(schedule, model),
             microbatches=sum(schedule.num_microbatches) / schedule.num_steps, violations=cap_violations(schedule),
@@ -123,14 +125,14 @@ def worst_step(row: Row, project: Row) -> float:
     return min(theirs / ours for theirs, ours in zip(row.step_seconds, project.step_seconds))
 
 
-def table(rows: list[Row]) -> list[str]:
-    """Markdown lines: one row per method and setting."""
+def table(rows: list[Row], reference: str) -> list[str]:
+    """Markdown lines: one row per method and setting, ratios to the ``reference`` plan."""
     lines = [
-        "| lengths | dp | cap | layout | method | step time sum (s) | / project | micro-batches/rank/step | "
-        "over cap | worst step (baseline / project) |",
+        f"| lengths | dp | cap | layout | method | step time sum (s) | / {reference} | micro-batches/rank/step | "
+        f"over cap | worst step (method / {reference}) |",
         "|---|---:|---:|---|---|---:|---:|---:|---:|---:|",
     ]
-    projects = {row.setting: row for row in rows if row.method == PROJECT}
+    projects = {row.setting: row for row in rows if row.method == reference}
     for row in rows:
         ours = projects[row.setting]
         total, base = sum(row.step_seconds), sum(ours.step_seconds)
@@ -142,16 +144,16 @@ def table(rows: list[Row]) -> list[str]:
     return lines
 
 
-def losses(rows: list[Row], tolerance: float = TOLERANCE) -> list[str]:
-    """Every (setting, baseline) where the project is slower on some step by more than ``tolerance``."""
-    projects = {row.setting: row for row in rows if row.method == PROJECT}
+def losses(rows: list[Row], reference: str, tolerance: float = TOLERANCE) -> list[str]:
+    """Every (setting, baseline) where ``reference`` is slower on some step by more than ``tolerance``."""
+    projects = {row.setting: row for row in rows if row.method == reference}
     out = []
     for row in rows:
-        if row.method == PROJECT:
+        if row.method in PROJECTS:
             continue
         worst = worst_step(row, projects[row.setting])
         if worst < 1 / (1 + tolerance):
-            out.append(f"{row.setting} {row.method}: project step {1 / worst:.4f}x the baseline's")
+            out.append(f"{row.setting} {row.method}: {reference} step {1 / worst:.4f}x the baseline's")
     return out
 
 
@@ -164,8 +166,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tflops", type=float, default=400.0, help="achieved TFLOP/s per GPU (default 400)")
     parser.add_argument("--microbatch-overhead", type=float, default=0.002,
                         help="fixed forward seconds per micro-batch (default 0.002)")
+    parser.add_argument("--reference", choices=PROJECTS, default=PROJECTS[0],
+                        help="the project plan the ratios, the loss list and --check compare with")
     parser.add_argument("--markdown", type=Path, help="also write the table to this file")
-    parser.add_argument("--check", action="store_true", help=f"exit 1 if the project is > {TOLERANCE:.1%} "
+    parser.add_argument("--check", action="store_true", help=f"exit 1 if the reference plan is > {TOLERANCE:.1%} "
                         "slower than a baseline on any step")
     return parser.parse_args(argv)
 
@@ -177,13 +181,15 @@ def main(argv: list[str] | None = None) -> int:
     if not files:
         return 1
     rows = run_all(files, args)
-    lines = table(rows)
+    lines = table(rows, args.reference)
     print("\n".join(lines))
-    missed = losses(rows)
-    print(f"\nproject > {TOLERANCE:.1%} slower than a baseline on some step: {len(missed)} of "
-          f"{sum(1 for r in rows if r.method != PROJECT)} (setting, baseline) pairs")
-    for line in missed:
-        print(f"  {line}")
+    for reference in PROJECTS:
+        missed = losses(rows, reference)
+        print(f"\n{reference} > {TOLERANCE:.1%} slower than a baseline on some step: {len(missed)} of "
+              f"{sum(1 for r in rows if r.method not in PROJECTS)} (setting, baseline) pairs")
+        for line in missed:
+            print(f"  {line}")
+    missed = losses(rows, args.reference)
     if args.markdown:
         args.markdown.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return 1 if args.check and missed else 0
