@@ -24,6 +24,9 @@ LAUNCHES: dict[str, tuple[int, tuple[str, ...]]] = {
                      "cp2_bshd", "cp2_thd", "dp2_distributed_optimizer", "dp2_bf16")),
     "layouts4": (4, ("dp2_tp2", "dp2_cp2_thd")),
     "references": (1, ("reference_rope", "reference_adam", "reference_bf16")),
+    "moe2": (2, ("moe_dp2_alltoall", "moe_dp2_allgather", "moe_pp2_alltoall", "moe_dp2_ep2")),
+    "moe_own_path2": (2, ("moe_aux_dp2_own_path", "moe_aux_pp2_own_path", "mtp_dp2_own_path")),
+    "moe_references": (1, ("moe_reference",)),
 }
 LAUNCH_TIMEOUT_S = 600
 
