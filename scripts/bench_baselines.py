@@ -11,9 +11,9 @@ summed step time, its ratio to the project's (> 1: the project is faster), micro
 rank per step, micro-batches over the cap, and the worst step (baseline / project step time;
 < 1: the project loses that step)::
 
-    python scripts/bench_baselines.py                      # report, exit 0
-    python scripts/bench_baselines.py --check              # exit 1 if the project is > 0.5% slower on a step
-    python scripts/bench_baselines.py --markdown out.md    # also write the tables as markdown
+    .venv/bin/python scripts/bench_baselines.py                      # report, exit 0
+    .venv/bin/python scripts/bench_baselines.py --check              # exit 1 if the project is > 0.5% slower on a step
+    .venv/bin/python scripts/bench_baselines.py --markdown out.md    # also write the tables as markdown
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from bench_common import DEFAULT_LENGTHS_DIR, length_files  # noqa: E402
 
 from megatron_dpsched import CostModel, DPSchedule, ScheduleConfig, build_dp_schedule  # noqa: E402
 from megatron_dpsched.baselines import BASELINES, build_baseline_schedule, cap_violations  # noqa: E402
@@ -51,15 +53,6 @@ class Row:
     step_seconds: tuple[float, ...]
     microbatches: float
     violations: int
-
-
-def find_length_files(lengths_dir: Path) -> dict[str, Path]:
-    """Length files by name: the shipped ones, then ``lengths_dir`` (a name found twice is read once)."""
-    files: dict[str, Path] = {}
-    for folder in (REPO / "megatron_dpsched" / "data", lengths_dir):
-        for path in sorted(folder.glob("*.txt")) if folder.is_dir() else []:
-            files.setdefault(path.stem, path)
-    return files
 
 
 def step_times(schedule: DPSchedule, model: StepTimeModel) -> tuple[float, ...]:
@@ -159,7 +152,7 @@ def losses(rows: list[Row], reference: str, tolerance: float = TOLERANCE) -> lis
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--lengths-dir", type=Path, default=REPO.parent / "shared" / "data" / "lengths")
+    parser.add_argument("--lengths-dir", type=Path, default=DEFAULT_LENGTHS_DIR)
     parser.add_argument("--samples-per-rank", type=int, default=256)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--dp", type=int, nargs="+", default=list(DPS))
@@ -176,7 +169,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    files = find_length_files(args.lengths_dir)
+    files = length_files(args.lengths_dir)
     print("length files: " + (", ".join(f"{name} ({path})" for name, path in files.items()) or "none found"))
     if not files:
         return 1
