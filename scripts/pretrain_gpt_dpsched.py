@@ -88,6 +88,13 @@ def adjust_args(args: argparse.Namespace) -> None:
     args.calculate_per_token_loss = True
     if args.eval_interval is None:  # no validation set is built; Megatron still divides by it
         args.eval_interval = args.train_iters or 1
+    if not args.valid_data_path and args.eval_iters:
+        # no validation set: Megatron would still evaluate (its do_valid tests a list holding None)
+        # and fail on the missing iterator; validation is off instead
+        from megatron.training.utils import print_rank_0
+
+        print_rank_0(f"no --valid-data-path: validation is off (--eval-iters {args.eval_iters} -> 0)")
+        args.eval_iters = 0
     setup_dp_schedule(args)  # validates the --dp-schedule flags and installs the hooks
 
 
