@@ -15,6 +15,7 @@ renames it into place).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -86,7 +87,8 @@ def _save(cache: Path, index: LineIndex, stamp: dict[str, object]) -> None:
                      lengths=index.lengths)
         os.replace(temporary, cache)
     except OSError as error:
-        temporary.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)
         warnings.warn(f"{cache}: cannot store the length index ({error}); it is rebuilt on every start. "
                       f"Set {CACHE_DIR_ENV} to a writable folder", stacklevel=3)
 
