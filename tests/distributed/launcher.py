@@ -34,6 +34,7 @@ def _worker(rank: int, world_size: int, out: str, scenarios: list[str], init_fil
     import harness
     from scenarios import SCENARIOS
     from scenarios_layouts import SCENARIOS as LAYOUT_SCENARIOS
+    from scenarios_masks import SCENARIOS as MASK_SCENARIOS
 
     from megatron_dpsched.megatron import cpu_shim
 
@@ -45,7 +46,7 @@ def _worker(rank: int, world_size: int, out: str, scenarios: list[str], init_fil
     for name in scenarios:
         path = Path(out) / f"{name}.rank{rank}.pt"
         try:
-            torch.save({"ok": True, "result": {**SCENARIOS, **LAYOUT_SCENARIOS}[name]()}, path)
+            torch.save({"ok": True, "result": {**SCENARIOS, **LAYOUT_SCENARIOS, **MASK_SCENARIOS}[name]()}, path)
         except BaseException:  # noqa: BLE001 - reported to pytest
             torch.save({"ok": False, "error": traceback.format_exc()}, path)
             os._exit(1)
