@@ -13,7 +13,7 @@ find_python() {
   echo "megatron-dpsched needs Python 3.12 (megatron-core 0.19 requires it); none found" >&2
   return 1
 }
-if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import megatron.core, torch, hypothesis, psutil, tensorboard, megatron_dpsched' 2>/dev/null; then
+if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import megatron.core, torch, hypothesis, psutil, tensorboard, transformers, tokenizers, megatron_dpsched' 2>/dev/null; then
   PY="$(find_python)"
   echo "setting up $VENV with $PY (torch 2.13.0, megatron-core 0.19.2; a few minutes on a fresh machine)"
   PYENV_VERSION="${PYENV_VERSION:-3.12.1}" "$PY" -m venv "$VENV"

@@ -45,7 +45,7 @@ class LineIndex:
     parts: np.ndarray
     """int32 index of the sample within its line (0 unless a line holds several, e.g. conversations)."""
     lengths: np.ndarray
-    """int64 sample lengths (positions)."""
+    """int32 sample lengths (positions)."""
     rebuilt: bool = False
     """Whether this open built the index (``False``: read from the cache)."""
 
@@ -104,7 +104,7 @@ def iterate_lines(path: Path) -> Iterator[tuple[int, int, bytes]]:
 
 def build_index(path: Path, measure: LineMeasure) -> LineIndex:
     """Read ``path`` once, measuring every non-blank line."""
-    offsets, parts, lengths = array("q"), array("i"), array("q")
+    offsets, parts, lengths = array("q"), array("i"), array("i")
     for number, offset, line in iterate_lines(path):
         if not line.strip():
             continue
@@ -114,7 +114,7 @@ def build_index(path: Path, measure: LineMeasure) -> LineIndex:
             lengths.append(length)
     as_array = np.frombuffer
     return LineIndex(as_array(offsets, dtype=np.int64), as_array(parts, dtype=np.int32),
-                     as_array(lengths, dtype=np.int64), rebuilt=True)
+                     as_array(lengths, dtype=np.int32), rebuilt=True)
 
 
 def open_index(path: str | Path, *, kind: str, measure: LineMeasure) -> LineIndex:
