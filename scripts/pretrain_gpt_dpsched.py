@@ -8,10 +8,19 @@ Launch with ``torchrun`` like Megatron's own GPT entry point (see ``examples/``)
         --dp-schedule --dp-schedule-max-tokens-per-gpu 16384 --micro-batch-size 1
 
 Data: ``--data-path x.jsonl`` (or ``--train-data-path x.jsonl`` with ``--valid-data-path v.jsonl``
-for a validation set), one ``{"tokens": [id, ...]}`` per line, or ``--data-path PREFIX``
+for a validation set), one ``{"tokens": [id, ...]}`` per line (optionally with ``"loss_mask"``, or
+``{"input_ids", "labels"}`` with -100 for untrained tokens), or ``--data-path PREFIX``
 of a Megatron indexed dataset (``PREFIX.bin``/``PREFIX.idx``, one sample per stored sequence;
-lengths come from the index). A sequence of ``L`` ids is a sample of ``L - 1`` positions; every
-sample must fit ``--seq-length``.
+lengths come from the index; an optional sidecar mask ``PREFIX_mask.bin``/``.idx``). A sequence of
+``L`` ids is a sample of ``L - 1`` positions; every sample must fit ``--seq-length``. JSONL files are
+read by byte offset through a length index cached beside them (or in ``$DPSCHED_CACHE_DIR``).
+
+``--sft`` reads Megatron's SFT conversation JSONL instead (``{"messages": [...]}`` per line), one
+conversation per sample, tokenized and masked by Megatron's own tokenizer (``--tokenizer-type
+SFTTokenizer --tokenizer-model DIR --sft-tokenizer-prompt-format FORMAT``); the planner packs, nothing
+is pre-packed. This entry point handles ``--sft`` itself and turns Megatron's ``args.sft`` off (its
+``SFTDataset`` packing is not used, and its per-micro-batch validation average would depend on the plan),
+so validation losses are per-token like training's.
 
 * With ``--dp-schedule`` each step's ``--global-batch-size`` samples are planned globally
   (token cap, micro-batch count per step, DP balance) by ``ScheduledDatasetLoader``, which
@@ -45,12 +54,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from megatron_dpsched.data import (  # noqa: E402
-    IndexedTokenDataset,
-    PaddedSampleDataset,
-    TokenJsonlDataset,
-    open_corpus,
-)
+from megatron_dpsched.data import PaddedSampleDataset, open_corpus  # noqa: E402
 from megatron_dpsched.demo.stats import StepRecorder, write_plan  # noqa: E402
 from megatron_dpsched.megatron import (  # noqa: E402
     ScheduledForwardStep,
@@ -82,9 +86,14 @@ def extra_args_provider(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
 def adjust_args(args: argparse.Namespace) -> None:
     """Check the data flags and set what this entry point needs (after Megatron's validation)."""
     flag = "--data-path" if args.data_path else "--train-data-path"
-    _check_corpus_path(flag, args.data_path or args.train_data_path)
+    args.sft_conversations = bool(args.sft)
+    args.sft = False  # conversations are read here, one per sample; Megatron's SFT path stays off
+    _check_corpus_path(flag, args.data_path or args.train_data_path, conversations=args.sft_conversations)
     if args.valid_data_path:
-        _check_corpus_path("--valid-data-path", args.valid_data_path)
+        _check_corpus_path("--valid-data-path", args.valid_data_path, conversations=args.sft_conversations)
+    if args.sft_conversations and args.tokenizer_type != "SFTTokenizer":
+        raise ValueError(f"--sft needs --tokenizer-type SFTTokenizer (Megatron's tokenizer that masks prompts as "
+                         f"--sft-tokenizer-prompt-format says) and --tokenizer-model; got {args.tokenizer_type}")
     args.calculate_per_token_loss = True
     if args.eval_interval is None:  # no validation set is built; Megatron still divides by it
         args.eval_interval = args.train_iters or 1
@@ -98,11 +107,13 @@ def adjust_args(args: argparse.Namespace) -> None:
     setup_dp_schedule(args)  # validates the --dp-schedule flags and installs the hooks
 
 
-def _check_corpus_path(flag: str, paths: list[str] | None) -> None:
-    """One ``.jsonl`` file or indexed-dataset prefix per flag (no blends)."""
+def _check_corpus_path(flag: str, paths: list[str] | None, *, conversations: bool = False) -> None:
+    """One ``.jsonl`` file or indexed-dataset prefix per flag (no blends); with ``--sft`` a ``.jsonl`` file."""
     if not paths or len(paths) != 1:
         raise ValueError(f"{flag} takes exactly one .jsonl file or indexed-dataset prefix; got {paths}")
     path = Path(paths[0])
+    if conversations and path.suffix != ".jsonl":
+        raise ValueError(f"{flag} {path}: --sft reads a .jsonl file of conversations")
     if path.suffix == ".jsonl" and not path.is_file():
         raise ValueError(f"{flag} {path} does not exist")
     if path.suffix != ".jsonl" and not path.with_name(path.name + ".idx").is_file():
@@ -171,10 +182,21 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
 # --- data -------------------------------------------------------------------------------------
 
 
-def corpus(args: argparse.Namespace) -> TokenJsonlDataset | IndexedTokenDataset:
-    """The ``--data-path`` corpus, loaded once per process."""
+def open_data(args: argparse.Namespace, path: str) -> Any:
+    """A corpus (:func:`open_corpus`) or, with ``--sft``, a conversation file read with Megatron's tokenizer."""
+    if not getattr(args, "sft_conversations", False):
+        return open_corpus(path)
+    from megatron_dpsched.data import ConversationJsonlDataset, sft_format_from_args
+
+    if "sft_format" not in _state:
+        _state["sft_format"] = sft_format_from_args(args)
+    return ConversationJsonlDataset(path, _state["sft_format"])
+
+
+def corpus(args: argparse.Namespace) -> Any:
+    """The ``--data-path`` corpus, opened once per process (its length index is built or read)."""
     if "corpus" not in _state:
-        _state["corpus"] = open_corpus((args.data_path or args.train_data_path)[0])
+        _state["corpus"] = open_data(args, (args.data_path or args.train_data_path)[0])
     return _state["corpus"]
 
 
@@ -188,7 +210,7 @@ def datasets_provider(num_samples: Any) -> tuple[Any, Any, None]:
     valid = None
     if args.valid_data_path:
         if "valid" not in _state:
-            _state["valid"] = _fitting(open_corpus(args.valid_data_path[0]), args, "--valid-data-path")
+            _state["valid"] = _fitting(open_data(args, args.valid_data_path[0]), args, "--valid-data-path")
         valid = _state["valid"]
     if args.dp_schedule:
         return train, valid, None
@@ -298,8 +320,11 @@ def run_cpu_dry_run(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     torch.distributed.init_process_group("gloo")
+    vocab_size = args.vocab_size
+    if vocab_size is None and args.sft_conversations:  # pretrain() gets it from the tokenizer it builds
+        vocab_size = corpus(args).format.tokenizer.vocab_size
     args.padded_vocab_size = calculate_padded_vocab_size(
-        args.vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size, logging_enabled=False)
+        vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size, logging_enabled=False)
     cpu_shim.initialize_megatron_on_cpu(args)
     install_recorder(args)
     model, optimizer, scheduler = training.setup_model_and_optimizer(ModelType.encoder_or_decoder, model_provider)

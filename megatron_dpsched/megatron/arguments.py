@@ -189,6 +189,7 @@ def validate_dp_schedule_args(args: Any) -> None:
     _check_token_cap(options, args)
     _check_pipeline_layout(args)
     _refuse_conflicts(args)
+    _refuse_megatron_sft(args)
     _check_collate_format(options, args)
     schedule_config_from_args(args, data_parallel_size=getattr(args, "data_parallel_size", None) or 1)
     args.calculate_per_token_loss = True
@@ -251,6 +252,16 @@ def _check_collate_format(options: DPScheduleOptions, args: Any) -> None:
         raise ValueError("--dp-schedule-collate-format thd needs an attention backend that takes packed "
                          "sequences: Transformer Engine, or a layer spec given with --spec; --transformer-impl "
                          "local's attention does not")
+
+
+def _refuse_megatron_sft(args: Any) -> None:
+    """Megatron's ``--sft`` path packs conversations before the planner sees them; refuse it."""
+    if getattr(args, "sft", False):
+        raise ValueError("--sft cannot be combined with --dp-schedule: Megatron's SFTDataset packs conversations "
+                         "into --seq-length rows before planning (and --sft averages validation losses per "
+                         "micro-batch, which a planned step changes). Give the planner one conversation per "
+                         "sample instead: megatron_dpsched.data.ConversationJsonlDataset, which "
+                         "scripts/pretrain_gpt_dpsched.py --sft reads")
 
 
 def _check_pipeline_layout(args: Any) -> None:

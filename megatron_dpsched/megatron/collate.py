@@ -1,8 +1,12 @@
 """Collate one planned micro-batch of variable-length samples for Megatron's GPT model.
 
 A sample is a mapping with ``tokens`` and ``labels`` (1-D integer tensors of
-the sample's length) and optionally ``loss_mask`` (1-D, same length; default
-all ones). Two layouts:
+the sample's length) and optionally ``loss_mask`` (1-D, same length, 0/1 or
+bool; default all ones). Labels equal to ``IGNORE_INDEX`` (-100, Hugging Face's
+convention) are not trained either: their ``loss_mask`` is 0 and the label
+handed to the model is the padding id (a valid index). Masked positions still
+run through the model (the planner counts them); only the loss leaves them out,
+so the per-token loss divides by the unmasked tokens. Two layouts:
 
 * ``thd`` (packed): one row holding every sample back to back, ``position_ids``
   restarting per sample and a :class:`~megatron.core.packed_seq_params.PackedSeqParams`
@@ -71,11 +75,27 @@ def _round_up(value: int, multiple: int) -> int:
     return max(multiple, math.ceil(value / multiple) * multiple)
 
 
+IGNORE_INDEX = -100
+"""A label that is not trained (Hugging Face's and Megatron's ignore index)."""
+
+
 def _loss_mask(sample: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """The sample's ``loss_mask`` (ones if absent) as float, 0 where the label is ``IGNORE_INDEX``."""
+    length = sample["tokens"].numel()
     mask = sample.get("loss_mask")
     if mask is None:
-        return torch.ones(sample["tokens"].numel(), dtype=torch.float)
-    return mask.float()
+        mask = torch.ones(length, dtype=torch.float)
+    elif mask.numel() != length:
+        raise ValueError(f"a sample has {length} tokens but {mask.numel()} loss_mask entries")
+    else:
+        mask = mask.reshape(-1).float()
+    ignored = sample["labels"].reshape(-1) == IGNORE_INDEX
+    return mask.masked_fill(ignored, 0.0) if bool(ignored.any()) else mask
+
+
+def _labels(sample: Mapping[str, torch.Tensor], pad_token_id: int) -> torch.Tensor:
+    labels = sample["labels"].reshape(-1).long()
+    return labels.masked_fill(labels == IGNORE_INDEX, pad_token_id)
 
 
 def dummy_sample(length: int, *, pad_token_id: int = 0) -> dict[str, torch.Tensor]:
@@ -120,7 +140,7 @@ def _pad_sample(
     pad = dummy_sample(extra, pad_token_id=pad_token_id)
     return {
         "tokens": torch.cat([sample["tokens"].long(), pad["tokens"]]),
-        "labels": torch.cat([sample["labels"].long(), pad["labels"]]),
+        "labels": torch.cat([_labels(sample, pad_token_id), pad["labels"]]),
         "loss_mask": torch.cat([_loss_mask(sample), pad["loss_mask"]]),
     }
 

@@ -172,6 +172,10 @@ def _start_of(role: str, args: Any) -> int:
 
 
 def _lengths_of(dataset: Any) -> Sequence[int]:
+    if type(dataset).__name__ == "SFTDataset":
+        raise ValueError("--dp-schedule cannot plan Megatron's SFTDataset: it packs conversations into "
+                         "--seq-length rows; give one conversation per sample "
+                         "(megatron_dpsched.data.ConversationJsonlDataset) and let the planner pack")
     lengths = getattr(dataset, "lengths", None)
     if lengths is None or len(lengths) != len(dataset):
         raise ValueError(

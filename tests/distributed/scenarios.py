@@ -165,10 +165,13 @@ def _evaluate_first_batch(model: Any, feed: Any) -> float | None:
 
 
 def run_training(layout: Layout, *, reference: bool = False, precomputed: bool = False,
-                 num_samples: int | None = None) -> dict[str, Any]:
+                 num_samples: int | None = None, make_feed: Callable[[Any, int], Any] | None = None
+                 ) -> dict[str, Any]:
     """Megatron's real ``train()`` (hence ``train_step``) for TRAIN_ITERS scheduled steps.
 
     ``num_samples``: train on the first ``num_samples`` samples only (a short trailing step).
+    ``make_feed(args, num_chunks)``: the training feed (and, built afresh, the evaluation feed) instead of
+    the default ones (with ``reference``: the reference's).
     """
     from megatron.core import parallel_state
     from megatron.core.utils import get_model_config
@@ -183,7 +186,9 @@ def run_training(layout: Layout, *, reference: bool = False, precomputed: bool =
         model, optimizer, scheduler = harness.build_model_and_optimizer()
         params = harness.global_named_parameters(model)
         recorder = _GradRecorder(optimizer, params)
-        if reference:
+        if make_feed is not None:
+            feed = make_feed(args, len(model))
+        elif reference:
             feed = WholeBatchFeed.build(TRAIN_ITERS)
         elif precomputed:
             feed = _precomputed(args, num_chunks=len(model))
@@ -216,9 +221,14 @@ def run_training(layout: Layout, *, reference: bool = False, precomputed: bool =
             "hook_mode": harness.hook_mode(),
             "training_file": harness.training_file(),
         }
-        eval_feed = WholeBatchFeed.build(1) if reference else _loader(args, num_chunks=len(model))
+        if make_feed is not None:
+            eval_feed = make_feed(args, len(model))
+        else:
+            eval_feed = WholeBatchFeed.build(1) if reference else _loader(args, num_chunks=len(model))
         result["eval_loss"] = _evaluate_first_batch(model, eval_feed)
-        if precomputed:
+        if make_feed is not None:
+            result.update({} if reference else _plans(feed))
+        elif precomputed:
             result["plan_micro_batches"] = [feed.schedule.rank_step_micro_batches(feed.rank, s)
                                             for s in range(TRAIN_ITERS)]
             result["plan_num_samples"] = list(feed.schedule.step_num_samples)
