@@ -37,8 +37,7 @@ def _worker(rank: int, world_size: int, out: str, scenarios: list[str], init_fil
 
     import harness
 
-    scenarios = {name: run for module in SCENARIO_MODULES
-                 for name, run in importlib.import_module(module).SCENARIOS.items()}
+    known = {name: run for module in SCENARIO_MODULES for name, run in importlib.import_module(module).SCENARIOS.items()}
 
     from megatron_dpsched.megatron import cpu_shim
 
@@ -50,7 +49,7 @@ def _worker(rank: int, world_size: int, out: str, scenarios: list[str], init_fil
     for name in scenarios:
         path = Path(out) / f"{name}.rank{rank}.pt"
         try:
-            torch.save({"ok": True, "result": scenarios[name]()}, path)
+            torch.save({"ok": True, "result": known[name]()}, path)
         except BaseException:  # noqa: BLE001 - reported to pytest
             torch.save({"ok": False, "error": traceback.format_exc()}, path)
             os._exit(1)
