@@ -37,7 +37,8 @@ def _worker(rank: int, world_size: int, out: str, scenarios: list[str], init_fil
 
     import harness
 
-    known = {name: run for module in SCENARIO_MODULES for name, run in importlib.import_module(module).SCENARIOS.items()}
+    known = {name: run for module in SCENARIO_MODULES
+             for name, run in importlib.import_module(module).SCENARIOS.items()}
 
     from megatron_dpsched.megatron import cpu_shim
 
