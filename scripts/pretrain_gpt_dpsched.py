@@ -38,6 +38,7 @@ import functools
 import inspect
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,12 +46,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from megatron_dpsched.core.sampling import parse_blend, parse_split  # noqa: E402
 from megatron_dpsched.data import (  # noqa: E402
     IndexedTokenDataset,
     PaddedSampleDataset,
     TokenJsonlDataset,
     open_corpus,
 )
+from megatron_dpsched.data.compose import split_and_blend  # noqa: E402
 from megatron_dpsched.demo.stats import StepRecorder, write_plan  # noqa: E402
 from megatron_dpsched.megatron import (  # noqa: E402
     ScheduledForwardStep,
@@ -79,23 +82,29 @@ def extra_args_provider(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     return parser
 
 
+DATA_FLAGS = ("data_path", "train_data_path", "valid_data_path", "test_data_path")
+
+
 def adjust_args(args: argparse.Namespace) -> None:
     """Check the data flags and set what this entry point needs (after Megatron's validation)."""
-    flag = "--data-path" if args.data_path else "--train-data-path"
-    _check_corpus_path(flag, args.data_path or args.train_data_path)
-    if args.valid_data_path:
-        _check_corpus_path("--valid-data-path", args.valid_data_path)
+    given = [name for name in DATA_FLAGS if getattr(args, name, None)]
+    if not given:
+        raise ValueError("give --data-path (with --split) or --train-data-path [--valid-data-path] [--test-data-path]")
+    for name in given:
+        flag = "--" + name.replace("_", "-")
+        for prefix in parse_blend(getattr(args, name), flag=flag)[0]:
+            _check_corpus_path(flag, prefix)
+    if args.data_path:
+        parse_split(args.split)  # Megatron sets 969,30,1 when --split is not given
     args.calculate_per_token_loss = True
     if args.eval_interval is None:  # no validation set is built; Megatron still divides by it
         args.eval_interval = args.train_iters or 1
     setup_dp_schedule(args)  # validates the --dp-schedule flags and installs the hooks
 
 
-def _check_corpus_path(flag: str, paths: list[str] | None) -> None:
-    """One ``.jsonl`` file or indexed-dataset prefix per flag (no blends)."""
-    if not paths or len(paths) != 1:
-        raise ValueError(f"{flag} takes exactly one .jsonl file or indexed-dataset prefix; got {paths}")
-    path = Path(paths[0])
+def _check_corpus_path(flag: str, prefix: str) -> None:
+    """A ``.jsonl`` file or the prefix of an indexed dataset (``.bin``/``.idx``)."""
+    path = Path(prefix)
     if path.suffix == ".jsonl" and not path.is_file():
         raise ValueError(f"{flag} {path} does not exist")
     if path.suffix != ".jsonl" and not path.with_name(path.name + ".idx").is_file():
@@ -164,29 +173,49 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
 # --- data -------------------------------------------------------------------------------------
 
 
-def corpus(args: argparse.Namespace) -> TokenJsonlDataset | IndexedTokenDataset:
-    """The ``--data-path`` corpus, loaded once per process."""
-    if "corpus" not in _state:
-        _state["corpus"] = open_corpus((args.data_path or args.train_data_path)[0])
-    return _state["corpus"]
+def corpus(prefix: str) -> TokenJsonlDataset | IndexedTokenDataset:
+    """The corpus at ``prefix``, loaded once per process."""
+    corpora = _state.setdefault("corpora", {})
+    if prefix not in corpora:
+        corpora[prefix] = open_corpus(prefix)
+    return corpora[prefix]
 
 
-def datasets_provider(num_samples: Any) -> tuple[Any, Any, None]:
-    """Training data and, with ``--valid-data-path``, validation data (no test set): the raw corpora
-    for ``--dp-schedule`` (their ``lengths`` drive the plan), else padded to ``--seq-length``."""
+def build_datasets(args: argparse.Namespace, num_samples: Sequence[int | None]) -> list[Any]:
+    """Train, valid and test datasets of the data flags, with Megatron's semantics: ``--data-path`` is
+    one prefix or a blend (``W1 P1 W2 P2 ...``) cut by ``--split``; ``--train/valid/test-data-path``
+    each a prefix or a blend. A blend of one split holds the samples Megatron reads from it
+    (``num_samples``); ``--dataloader-type cyclic`` lets a blend read a dataset again, ``single`` refuses."""
+    repeat = getattr(args, "dp_schedule_dataloader_type", args.dataloader_type) == "cyclic"
+    sizes = list(num_samples) if num_samples is not None else [None, None, None]
+    if args.data_path:
+        return split_and_blend(args.data_path, flag="--data-path", open_dataset=corpus,
+                               split=parse_split(args.split), sizes=sizes, repeat=repeat)
+    built: list[Any] = []
+    for role, name in enumerate(DATA_FLAGS[1:]):
+        values = getattr(args, name, None)
+        flag = "--" + name.replace("_", "-")
+        built.append(None if not values else split_and_blend(
+            values, flag=flag, open_dataset=corpus, split=None, sizes=[sizes[role]], repeat=repeat)[0])
+    return built
+
+
+def datasets_provider(num_samples: Any) -> tuple[Any, Any, Any]:
+    """Training, validation and test data (see :func:`build_datasets`), built once per process: the raw
+    samples for ``--dp-schedule`` (their ``lengths`` drive the plan), else padded to ``--seq-length``."""
     from megatron.training.global_vars import get_args
 
     args = get_args()
-    train = _fitting(corpus(args), args, "--data-path" if args.data_path else "--train-data-path")
-    valid = None
-    if args.valid_data_path:
-        if "valid" not in _state:
-            _state["valid"] = _fitting(open_corpus(args.valid_data_path[0]), args, "--valid-data-path")
-        valid = _state["valid"]
+    if "datasets" not in _state:
+        flags = ("--data-path",) * 3 if args.data_path else ("--train-data-path", "--valid-data-path",
+                                                            "--test-data-path")
+        built = build_datasets(args, num_samples)
+        _state["datasets"] = [None if d is None else _fitting(d, args, flag) for d, flag in zip(built, flags)]
+    train, valid, test = _state["datasets"]
     if args.dp_schedule:
-        return train, valid, None
+        return train, valid, test
     pad = functools.partial(PaddedSampleDataset, seq_length=args.seq_length)
-    return pad(train), None if valid is None else pad(valid), None
+    return tuple(None if d is None else pad(d) for d in (train, valid, test))
 
 
 def _fitting(samples: Any, args: argparse.Namespace, flag: str) -> Any:

@@ -33,6 +33,7 @@ BALANCE_CHOICES = ("cost", "tokens", "none")
 VERIFY_CHOICES = ("off", "check", "strict")
 ORDER_CHOICES = ("auto", "pipeline", "none")
 COLLATE_CHOICES = ("bshd", "thd")
+PREFETCH_CHOICES = ("on", "off")
 
 _GROUP_FLAG = "--microbatch-group-size-per-virtual-pipeline-stage"
 
@@ -44,6 +45,7 @@ OPTION_DEFAULTS: dict[str, Any] = {
     "dp_schedule_microbatch_order": "auto",
     "dp_schedule_collate_format": "bshd",
     "dp_schedule_balance_growth": 0.0,
+    "dp_schedule_prefetch": "on",
 }
 """What each ``--dp-schedule-*`` option means when it is not given (the parser's defaults are ``None``, so
 a given option can be told from an unset one)."""
@@ -77,6 +79,9 @@ class DPScheduleOptions:
     balance_growth: float
     """``--dp-schedule-balance-growth``: share of extra micro-batches the planner may spend to balance
     ranks when the token cap keeps them apart (0: never more than one global packing needs)."""
+    prefetch: bool = True
+    """``--dp-schedule-prefetch``: plan and collate the next step in a background thread while the
+    current one trains (at most one step ahead); ``off`` does both on the training thread."""
 
     @classmethod
     def from_args(cls, args: Any) -> DPScheduleOptions:
@@ -95,6 +100,7 @@ class DPScheduleOptions:
             microbatch_order=None if order == "auto" else order,
             balance_growth=value("dp_schedule_balance_growth"),
             collate_format=value("dp_schedule_collate_format"),
+            prefetch=value("dp_schedule_prefetch") == "on",
         )
 
 
@@ -144,6 +150,11 @@ def add_dp_schedule_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
                        help="With --dp-schedule-max-tokens-per-gpu: share (0 to 10) of extra micro-batches per "
                             "step the planner may spend to balance ranks when the token cap keeps them apart "
                             "(heavy tails at high fill); default 0, never more than one global packing needs.")
+    group.add_argument("--dp-schedule-prefetch", choices=PREFETCH_CHOICES, default=None,
+                       help="on (default): plan and collate the next step in one background thread while the "
+                            "current step trains (at most one step ahead; errors are raised on the training "
+                            "thread when their micro-batch is due); off: both on the training thread. "
+                            "Results are the same either way.")
     return parser
 
 
