@@ -7,15 +7,18 @@ Launch with ``torchrun`` like Megatron's own GPT entry point (see ``examples/``)
         --data-path corpus.jsonl --tokenizer-type NullTokenizer --vocab-size V \\
         --dp-schedule --dp-schedule-max-tokens-per-gpu 16384 --micro-batch-size 1
 
-Data: ``--data-path x.jsonl`` (or ``--train-data-path x.jsonl`` with ``--valid-data-path v.jsonl``
-for a validation set), one ``{"tokens": [id, ...]}`` per line, or ``--data-path PREFIX``
-of a Megatron indexed dataset (``PREFIX.bin``/``PREFIX.idx``, one sample per stored sequence;
-lengths come from the index). A sequence of ``L`` ids is a sample of ``L - 1`` positions; every
-sample must fit ``--seq-length``.
+Data, as Megatron reads its flags: ``--data-path P`` or a blend ``--data-path W1 P1 W2 P2 ...``
+cut into train/valid/test by ``--split`` (Megatron's default 969,30,1; ``--split 100,0,0`` trains on
+all of it), or ``--train-data-path`` / ``--valid-data-path`` / ``--test-data-path``, each a prefix or a
+blend. A prefix is a ``.jsonl`` file (one ``{"tokens": [id, ...]}`` per line) or a Megatron indexed
+dataset (``PREFIX.bin``/``PREFIX.idx``, one sample per stored sequence; lengths come from the index).
+A sequence of ``L`` ids is a sample of ``L - 1`` positions; every sample must fit ``--seq-length``.
+``--dataloader-type single`` reads one pass in order, ``cyclic`` a seeded permutation per epoch
+(``megatron_dpsched.core.sampling``).
 
 * With ``--dp-schedule`` each step's ``--global-batch-size`` samples are planned globally
   (token cap, micro-batch count per step, DP balance) by ``ScheduledDatasetLoader``, which
-  Megatron gets as an external data loader (``--dataloader-type external`` is set; one
+  Megatron gets as an external data loader (the feed implements ``--dataloader-type``; one
   iterator per virtual pipeline chunk, all from one feed).
 * Without it: Megatron's ordinary path, samples right-padded to ``--seq-length``,
   ``MegatronPretrainingSampler``, ``--micro-batch-size`` fixed micro-batches.
