@@ -249,8 +249,12 @@ class StepFeed(ABC):
             samples.append(sample)
         return collate_micro_batch(samples, ids, self.collate)
 
-    def _check_length(self, sample_id: int, sample: Mapping[str, Any], *, step: int) -> None:
-        """Raise ``ValueError`` if the sample is not as long as the plan says (the cap would not hold)."""
+    def _check_length(self, sample_id: int, sample: Mapping[str, Any], *, step: int | None = None) -> None:
+        """Raise ``ValueError`` if the sample is not as long as the plan says (the cap would not hold);
+        ``step``: the step it belongs to (default: the current one)."""
+        if step is None:
+            assert self.current is not None
+            step = self.current.step
         where = f"dp-schedule step {step}, data-parallel rank {self.rank}: sample {sample_id}"
         actual = sample["tokens"].numel()
         expected = self.planned_length(sample_id)
