@@ -6,8 +6,8 @@ and wraps ``megatron.training.training.train_step`` (:meth:`install`, after
 ``<dir>/rank<global rank>.jsonl``::
 
     {"step", "rank", "dp_rank", "pp_rank", "tp_rank", "iteration", "consumed_samples", "fingerprint",
-     "micro_batches", "samples", "tokens", "padded_tokens", "step_time_s", "loss", "lr", "peak_memory_bytes"
-     [, "micro_batch_ids"]}
+     "micro_batches", "samples", "tokens", "padded_tokens", "step_time_s", "loss", "lr", "peak_memory_bytes",
+     "data_wait_s" [, "micro_batch_ids"]}
 
 ``tokens`` are loss tokens (real sample positions), ``padded_tokens`` the
 positions the micro-batch tensors hold (padding included); ``loss`` is
@@ -17,7 +17,9 @@ Megatron's reduced ``lm loss`` (``None`` off the last pipeline stage) and
 ``peak_memory_bytes`` is ``torch.cuda.max_memory_allocated()`` since the process
 started (``None`` without CUDA, as in the CPU dry run); ``iteration`` and
 ``consumed_samples`` Megatron's counters before the step, ``fingerprint`` the
-scheduled step's plan fingerprint (``None`` on the padded path); ``micro_batch_ids``
+scheduled step's plan fingerprint (``None`` on the padded path); ``data_wait_s`` the seconds
+the training thread waited for the step's plan and micro-batches (``StepFeed.step_wait_seconds``;
+``None`` on the padded path); ``micro_batch_ids``
 (scheduled batches only) the global sample ids of each micro-batch. :func:`write_plan`
 stores, next to them, what the planner gives for the same steps when asked again
 (``plan.rank<r>.json``).
@@ -81,10 +83,10 @@ class StepRecorder:
         self, seconds: float, loss_dict: Mapping[str, Any], lr: float | None, *, position: Mapping[str, int]
     ) -> None:
         """Append the step's line and start the next step."""
-        from megatron_dpsched.megatron.hooks import active_step
+        from megatron_dpsched.megatron.hooks import active_feed, active_step
 
         loss = loss_dict.get("lm loss") if loss_dict else None
-        scheduled = active_step()
+        scheduled, feed = active_step(), active_feed()
         record = {
             "step": self.step, **self.ranks, **position,
             "fingerprint": None if scheduled is None else scheduled.fingerprint,
@@ -96,6 +98,7 @@ class StepRecorder:
             "loss": None if loss is None else float(loss),
             "lr": lr,
             "peak_memory_bytes": torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None,
+            "data_wait_s": None if feed is None else feed.step_wait_seconds,
         }
         if self._ids:
             record["micro_batch_ids"] = self._ids

@@ -38,6 +38,7 @@ OBJECTIVE_CHOICES = ("step-time", "micro-batches")
 NOMINAL_FLOPS_PER_GPU = 4e14
 """Sustained FLOP/s of one GPU assumed by ``--dp-schedule-objective step-time``: with the cost model it turns
 FLOPs into seconds; only its ratio to ``--dp-schedule-microbatch-overhead-ms`` changes the plan."""
+PREFETCH_CHOICES = ("on", "off")
 
 _GROUP_FLAG = "--microbatch-group-size-per-virtual-pipeline-stage"
 
@@ -51,6 +52,7 @@ OPTION_DEFAULTS: dict[str, Any] = {
     "dp_schedule_balance_growth": 0.0,
     "dp_schedule_objective": None,
     "dp_schedule_microbatch_overhead_ms": 2.0,
+    "dp_schedule_prefetch": "on",
 }
 """What each ``--dp-schedule-*`` option means when it is not given (the parser's defaults are ``None``, so
 a given option can be told from an unset one)."""
@@ -90,6 +92,9 @@ class DPScheduleOptions:
     balance ``cost`` or ``tokens``, the model's dimensions in ``args``), see :func:`resolve_objective`."""
     microbatch_overhead_ms: float
     """``--dp-schedule-microbatch-overhead-ms``: fixed forward time of one micro-batch for the step-time model."""
+    prefetch: bool = True
+    """``--dp-schedule-prefetch``: plan and collate the next step in a background thread while the
+    current one trains (at most one step ahead); ``off`` does both on the training thread."""
 
     @classmethod
     def from_args(cls, args: Any) -> DPScheduleOptions:
@@ -110,6 +115,7 @@ class DPScheduleOptions:
             collate_format=value("dp_schedule_collate_format"),
             objective=value("dp_schedule_objective"),
             microbatch_overhead_ms=value("dp_schedule_microbatch_overhead_ms"),
+            prefetch=value("dp_schedule_prefetch") == "on",
         )
 
 
@@ -171,6 +177,11 @@ def add_dp_schedule_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     group.add_argument("--dp-schedule-microbatch-overhead-ms", type=float, default=None,
                        help="Step-time objective: fixed forward milliseconds of every micro-batch over the whole "
                             "model (kernel launches, pipeline hand-offs); default 2.")
+    group.add_argument("--dp-schedule-prefetch", choices=PREFETCH_CHOICES, default=None,
+                       help="on (default): plan and collate the next step in one background thread while the "
+                            "current step trains (at most one step ahead; errors are raised on the training "
+                            "thread when their micro-batch is due); off: both on the training thread. "
+                            "Results are the same either way.")
     return parser
 
 

@@ -15,7 +15,8 @@ REPO = HERE.parents[1]
 
 # One launch per world size: process start-up (imports) dominates, so scenarios share a launch.
 LAUNCHES: dict[str, tuple[int, tuple[str, ...]]] = {
-    "world2": (2, ("bad_layout", "dp2", "dp2_precomputed", "pp2", "pp2_vpp2", "dp2_partial_step", "dp2_static",
+    "world2": (2, ("bad_layout", "dp2", "dp2_precomputed", "dp2_precomputed_resumed", "dp2_prefetch", "pp2",
+                   "pp2_vpp2", "dp2_partial_step", "dp2_static",
                    "pp2_vpp2_static", "dp_mismatch", "lying_shorter", "lying_longer", "lying_shipped_plan",
                    "dp2_ranks_reordered", "dp2_ranks_larger", "pp2_ranks_reordered", "nan_loss")),
     "world4": (4, ("dp2_pp2",)),
