@@ -327,6 +327,8 @@ class ScheduledDataIterator(StepFeed):
         if consumed_samples is not None and consumed_samples != "megatron":
             start_step = self.step_after(require_int("consumed_samples", consumed_samples, minimum=0),
                                          schedule=schedule)
+        elif consumed_samples is None and start_step is None:
+            start_step = 0  # a shipped plan starts at its own step 0 unless told otherwise
         self.schedule = schedule
         self._get = _sample_getter(samples)
         self._start_step = start_step

@@ -51,7 +51,8 @@ def tokenizer_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _sft_argv(data: Path, tokenizer: Path, *extra: str) -> list[str]:
-    return [*tiny_gpt_argv(), "--sft", "--data-path", str(data), "--tokenizer-type", "SFTTokenizer",
+    return [*tiny_gpt_argv(), "--sft", "--data-path", str(data), "--split", "100,0,0",
+            "--tokenizer-type", "SFTTokenizer",
             "--tokenizer-model", str(tokenizer), "--sft-tokenizer-prompt-format", PROMPT_FORMAT,
             "--global-batch-size", "8", "--train-iters", str(TRAIN_ITERS), "--lr", "1e-3", "--eval-iters", "0",
             *extra]
@@ -88,7 +89,8 @@ def test_megatrons_packing_sft_path_is_refused_with_dp_schedule(tmp_path: Path) 
 
 def test_sft_with_another_tokenizer_fails_naming_the_flag(tmp_path: Path) -> None:
     data = write_conversations(tmp_path / "conv.jsonl", 8)
-    argv = [*tiny_gpt_argv(), "--sft", "--data-path", str(data), "--global-batch-size", "8", "--train-iters", "1",
+    argv = [*tiny_gpt_argv(), "--sft", "--data-path", str(data), "--split", "100,0,0",
+            "--global-batch-size", "8", "--train-iters", "1",
             "--lr", "1e-3", "--dp-schedule"]
     proc = python(argv)
     assert proc.returncode == 2, proc.stderr[-2000:]
