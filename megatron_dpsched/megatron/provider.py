@@ -23,10 +23,12 @@ from typing import Any
 
 from megatron_dpsched.megatron.arguments import (
     DPScheduleOptions,
+    counts_padding,
+    pad_multiple_from_args,
     schedule_kwargs_from_args,
     validate_dp_schedule_args,
 )
-from megatron_dpsched.megatron.collate import CollateConfig, pad_multiple_for
+from megatron_dpsched.megatron.collate import CollateConfig, require_padding_agreement
 from megatron_dpsched.megatron.iterator import ScheduledDatasetLoader
 
 DatasetsProvider = Callable[..., tuple[Any, Any, Any]]
@@ -119,6 +121,9 @@ def build_feed(
     kwargs = schedule_kwargs_from_args(args, data_parallel_size=mpu.get_data_parallel_world_size())
     if role != "train":
         kwargs["global_batch_size"] = getattr(args, "eval_global_batch_size", None) or args.global_batch_size
+    collate = collate_config_from_args(args)
+    require_padding_agreement(pad_multiple=kwargs["pad_multiple"], padded_rows=kwargs["padded_rows"], collate=collate,
+                              counts_padding=counts_padding(DPScheduleOptions.from_args(args)))
     return ScheduledDatasetLoader(
         dataset,
         lengths=lengths,
@@ -126,18 +131,17 @@ def build_feed(
         schedule_kwargs=kwargs,
         consumed_samples=_start_of(role, args),
         num_chunks=args.virtual_pipeline_model_parallel_size or 1,
-        collate=collate_config_from_args(args),
+        collate=collate,
         verify=DPScheduleOptions.from_args(args).verify,
         name=role,
     )
 
 
 def collate_config_from_args(args: Any) -> CollateConfig:
-    """``--dp-schedule-collate-format`` with the sequence multiple the TP/SP/CP layout needs."""
-    multiple = pad_multiple_for(tensor_parallel_size=args.tensor_model_parallel_size,
-                                context_parallel_size=args.context_parallel_size,
-                                sequence_parallel=args.sequence_parallel)
-    return CollateConfig(format=DPScheduleOptions.from_args(args).collate_format, pad_multiple=multiple)
+    """``--dp-schedule-collate-format`` with the sequence multiple the TP/SP/CP/FP8 layout needs (the multiple
+    the plan counts, :func:`~megatron_dpsched.megatron.arguments.pad_multiple_from_args`)."""
+    return CollateConfig(format=DPScheduleOptions.from_args(args).collate_format,
+                         pad_multiple=pad_multiple_from_args(args))
 
 
 def _warn_if_nothing_was_loaded(args: Any) -> None:
