@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Sequence
 
+from megatron_dpsched.core import padding
 from megatron_dpsched.core.packing import target_bin
 
 
@@ -128,24 +129,16 @@ Placer = Callable[[int], Callable[[int], "int | None"]]
 def _placer(
     plan: list[list[list[int]]], fills: list[list[int]], *, sizes: Sequence[int], cap: int, padded_rows: bool
 ) -> Placer:
-    def tokens(rank: int) -> Callable[[int], int | None]:
-        room = [cap - fill for fill in fills[rank]]
+    def place(rank: int) -> Callable[[int], int | None]:
+        if padded_rows:
+            room = [padding.room(count=len(mb), fill=fill, longest=max((sizes[i] for i in mb), default=0), cap=cap,
+                                 padded_rows=True) for mb, fill in zip(plan[rank], fills[rank])]
+        else:
+            room = [cap - fill for fill in fills[rank]]
         widest = max(room, default=0)
         return lambda size: target_bin(fills[rank], room, size) if size <= widest else None
 
-    def rows(rank: int) -> Callable[[int], int | None]:
-        shape = [(len(mb), max((sizes[i] for i in mb), default=0)) for mb in plan[rank]]
-        empty = next((b for b, (count, _) in enumerate(shape) if count == 0), None)
-
-        def place(size: int) -> int | None:
-            if empty is not None:
-                return empty if size <= cap else None
-            return next((b for b, (count, longest) in enumerate(shape)
-                         if (count + 1) * max(longest, size) <= cap), None)
-
-        return place
-
-    return rows if padded_rows else tokens
+    return place
 
 
 def _best_move(

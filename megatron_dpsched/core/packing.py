@@ -245,12 +245,3 @@ def target_bin(fills: Sequence[int], room: Sequence[int], size: int) -> int:
     empty = next((b for b, fill in enumerate(fills) if fill == 0), None)
     return empty if empty is not None else next(b for b, r in enumerate(room) if r >= size)
 
-
-def target_row_bin(bins: Sequence[Sequence[int]], sizes: Sequence[int], size: int, cap: int) -> int | None:
-    """:func:`target_bin` for padded rows: the first empty micro-batch, else the first where one more row
-    fits (``(rows + 1) * max(longest, size) <= cap``); ``None`` if none does."""
-    empty = next((b for b, mb in enumerate(bins) if not mb), None)
-    if empty is not None:
-        return empty if size <= cap else None
-    return next((b for b, mb in enumerate(bins)
-                 if (len(mb) + 1) * max(size, max(sizes[i] for i in mb)) <= cap), None)

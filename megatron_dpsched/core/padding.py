@@ -27,9 +27,14 @@ def collated_size(items: Sequence[int], sizes: Sequence[int], *, padded_rows: bo
     return sum(sizes[i] for i in items)
 
 
-def fits(*, count: int, fill: int, longest: int, size: int, cap: int, padded_rows: bool) -> bool:
-    """Whether a sample of planned ``size`` may join a micro-batch of ``count`` samples, ``fill`` planned
-    tokens and longest planned size ``longest`` under ``cap`` (an empty one: 0, 0, 0)."""
+def room(*, count: int, fill: int, longest: int, cap: int, padded_rows: bool) -> int:
+    """The largest planned size that may still join a micro-batch of ``count`` samples, ``fill`` planned tokens
+    and longest planned size ``longest`` under ``cap`` (an empty one: 0, 0, 0); 0 or less when none may.
+
+    Padded rows: one more row fits iff ``(count + 1) * max(longest, size) <= cap``, that is iff
+    ``(count + 1) * longest <= cap`` and ``size <= cap // (count + 1)``.
+    """
     if padded_rows:
-        return (count + 1) * max(longest, size) <= cap
-    return fill + size <= cap
+        rows = count + 1
+        return cap // rows if rows * longest <= cap else 0
+    return cap - fill

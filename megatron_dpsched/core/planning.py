@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from megatron_dpsched.core import padding
 from megatron_dpsched.core.balancing import assign_bins, lpt_assign, refine_by_moves
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
 from megatron_dpsched.core.objective import plan_for_step_time
@@ -17,7 +18,6 @@ from megatron_dpsched.core.packing import (
     pack_into,
     split_to_count,
     target_bin,
-    target_row_bin,
 )
 from megatron_dpsched.core.padding import collated_size, planned_sizes
 
@@ -186,6 +186,9 @@ def _first_fitting_count(
     def attempt(count: int) -> list[RankPlan] | None:
         return _assign_and_pack(sizes, costs, config=config, num_microbatches=count)
 
+    if high <= low:  # ``low`` is the only count allowed and it does not fit (padded rows: ``M == U`` always)
+        return low, None
+
     step, fitting, plan = 1, high, None
     while True:
         candidate = min(layout.align(low + step), high)
@@ -272,44 +275,37 @@ def _repair_overflow(
                 loads[rank] -= costs[item]
             bins = bins[:num_microbatches]
         bins_per_rank.append(bins)
-    rehome = _rehome_rows if rows else _rehome_tokens
-    if not rehome(sorted(homeless, key=lambda i: -sizes[i]), bins_per_rank, loads, sizes=sizes, costs=costs, cap=cap):
+    if not _rehome(sorted(homeless, key=lambda i: -sizes[i]), bins_per_rank, loads, sizes=sizes, costs=costs,
+                   config=config):
         return None
     return [split_to_count(bins, sizes, num_microbatches, padded_rows=rows) for bins in bins_per_rank]
 
 
-def _rehome_tokens(
+def _rehome(
     homeless: list[int], bins_per_rank: list[RankPlan], loads: list[float], *,
-    sizes: list[int], costs: list[float], cap: int,
+    sizes: list[int], costs: list[float], config: ScheduleConfig,
 ) -> bool:
     """Each homeless sample (longest first) into the lightest rank with room; ``False`` if one fits nowhere."""
-    residuals = [[cap - _load(b, sizes) for b in bins] for bins in bins_per_rank]
+    cap, rows = config.token_cap, config.padded_rows
+    fills = [[_load(b, sizes) for b in bins] for bins in bins_per_rank]
+    longest = [[max((sizes[i] for i in b), default=0) for b in bins] for bins in bins_per_rank]
+
+    def room(rank: int, b: int) -> int:
+        return padding.room(count=len(bins_per_rank[rank][b]), fill=fills[rank][b], longest=longest[rank][b],
+                            cap=cap, padded_rows=rows)
+
+    rooms = [[room(r, b) for b in range(len(bins))] for r, bins in enumerate(bins_per_rank)]
     for item in homeless:
         size = sizes[item]
-        fits = [r for r in range(len(loads)) if residuals[r] and max(residuals[r]) >= size]
+        fits = [r for r in range(len(loads)) if rooms[r] and max(rooms[r]) >= size]
         if not fits:
             return False
         rank = min(fits, key=lambda r: loads[r])
-        b = target_bin([cap - room for room in residuals[rank]], residuals[rank], size)
+        b = target_bin(fills[rank], rooms[rank], size)
         bins_per_rank[rank][b].append(item)
-        residuals[rank][b] -= size
-        loads[rank] += costs[item]
-    return True
-
-
-def _rehome_rows(
-    homeless: list[int], bins_per_rank: list[RankPlan], loads: list[float], *,
-    sizes: list[int], costs: list[float], cap: int,
-) -> bool:
-    """:func:`_rehome_tokens` for padded rows: a micro-batch has room for one more row at the longer
-    of the sample's size and its longest."""
-    for item in homeless:
-        targets = [target_row_bin(bins, sizes, sizes[item], cap) for bins in bins_per_rank]
-        fits = [r for r, b in enumerate(targets) if b is not None]
-        if not fits:
-            return False
-        rank = min(fits, key=lambda r: loads[r])
-        bins_per_rank[rank][targets[rank]].append(item)
+        fills[rank][b] += size
+        longest[rank][b] = max(longest[rank][b], size)
+        rooms[rank][b] = room(rank, b)
         loads[rank] += costs[item]
     return True
 
