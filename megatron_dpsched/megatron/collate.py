@@ -62,13 +62,39 @@ class CollateConfig:
 
 
 def pad_multiple_for(
-    *, tensor_parallel_size: int, context_parallel_size: int, sequence_parallel: bool
+    *, tensor_parallel_size: int, context_parallel_size: int, sequence_parallel: bool, gemm_alignment: int = 1
 ) -> int:
-    """The sequence-length multiple Megatron needs: ``2 * CP`` chunks, times TP with sequence parallelism."""
+    """The sequence-length multiple Megatron needs: ``2 * CP`` chunks, times TP with sequence parallelism
+    (megatron-core 0.19's rule, ``models/multimodal/context_parallel.get_padding``), and a multiple of
+    ``gemm_alignment`` (the FP8/FP4 GEMM alignment, :func:`gemm_alignment_for`; their least common multiple:
+    megatron-core's rule pads for FP8 only without CP and SP, this never pads less)."""
     multiple = 2 * context_parallel_size if context_parallel_size > 1 else 1
     if sequence_parallel:
         multiple *= tensor_parallel_size
-    return multiple
+    return math.lcm(multiple, gemm_alignment)
+
+
+def gemm_alignment_for(*, fp8: str | None = None, fp8_recipe: str | None = None, fp4: str | None = None) -> int:
+    """Token multiple of megatron-core 0.19's low-precision GEMMs: ``--fp8-format`` 16 (32 with
+    ``--fp8-recipe mxfp8``, ``fp8_utils.get_fp8_align_size``), ``--fp4-format`` 32
+    (``fp4_utils.get_fp4_align_size``); 1 in higher precision."""
+    if fp8:
+        return 32 if fp8_recipe == "mxfp8" else 16
+    return 32 if fp4 else 1
+
+
+def require_padding_agreement(
+    *, pad_multiple: int, padded_rows: bool, collate: CollateConfig, counts_padding: bool
+) -> None:
+    """Raise ``ValueError`` unless the plan counts the padding collate adds (``counts_padding``: the same
+    multiple, and padded rows exactly for ``bshd``) or, with ``--dp-schedule-cap-counts tokens``, none."""
+    expected = (collate.pad_multiple, collate.format == "bshd") if counts_padding else (1, False)
+    if (pad_multiple, padded_rows) != expected:
+        raise ValueError(
+            f"--dp-schedule-cap-counts: the plan counts pad_multiple={pad_multiple}, padded_rows={padded_rows} but "
+            f"collate pads every sequence to a multiple of {collate.pad_multiple} in {collate.format} (expected "
+            f"pad_multiple={expected[0]}, padded_rows={expected[1]}); the token cap would not bound what is collated"
+        )
 
 
 def _round_up(value: int, multiple: int) -> int:

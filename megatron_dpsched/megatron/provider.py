@@ -24,10 +24,12 @@ from typing import Any
 from megatron_dpsched.core.sampling import SampleOrder
 from megatron_dpsched.megatron.arguments import (
     DPScheduleOptions,
+    counts_padding,
+    pad_multiple_from_args,
     schedule_kwargs_from_args,
     validate_dp_schedule_args,
 )
-from megatron_dpsched.megatron.collate import CollateConfig, pad_multiple_for
+from megatron_dpsched.megatron.collate import CollateConfig, require_padding_agreement
 from megatron_dpsched.megatron.iterator import ScheduledDatasetLoader
 
 DatasetsProvider = Callable[..., tuple[Any, Any, Any]]
@@ -136,6 +138,9 @@ def build_feed(
     if role != "train":
         kwargs["global_batch_size"] = getattr(args, "eval_global_batch_size", None) or args.global_batch_size
     options = DPScheduleOptions.from_args(args)
+    collate = collate_config_from_args(args)
+    require_padding_agreement(pad_multiple=kwargs["pad_multiple"], padded_rows=kwargs["padded_rows"], collate=collate,
+                              counts_padding=counts_padding(options))
     return ScheduledDatasetLoader(
         dataset,
         lengths=lengths,
@@ -144,7 +149,7 @@ def build_feed(
         consumed_samples=_start_of(role, args),
         order=order,
         num_chunks=args.virtual_pipeline_model_parallel_size or 1,
-        collate=collate_config_from_args(args),
+        collate=collate,
         verify=options.verify,
         name=role,
         prefetch=options.prefetch,
@@ -159,11 +164,10 @@ def sample_order_from_args(args: Any, *, num_samples: int, groups: Sequence[Any]
 
 
 def collate_config_from_args(args: Any) -> CollateConfig:
-    """``--dp-schedule-collate-format`` with the sequence multiple the TP/SP/CP layout needs."""
-    multiple = pad_multiple_for(tensor_parallel_size=args.tensor_model_parallel_size,
-                                context_parallel_size=args.context_parallel_size,
-                                sequence_parallel=args.sequence_parallel)
-    return CollateConfig(format=DPScheduleOptions.from_args(args).collate_format, pad_multiple=multiple)
+    """``--dp-schedule-collate-format`` with the sequence multiple the TP/SP/CP/FP8 layout needs (the multiple
+    the plan counts, :func:`~megatron_dpsched.megatron.arguments.pad_multiple_from_args`)."""
+    return CollateConfig(format=DPScheduleOptions.from_args(args).collate_format,
+                         pad_multiple=pad_multiple_from_args(args))
 
 
 def _warn_if_nothing_was_loaded(args: Any) -> None:
