@@ -16,7 +16,8 @@ setup(
     install_requires=[],
     extras_require={
         "megatron": ["torch>=2.6", "megatron-core>=0.19,<0.20"],
-        "test": ["pytest>=8", "hypothesis>=6.100", "ruff>=0.6", "psutil>=5.9", "tensorboard>=2.15"],
+        "test": ["pytest>=8", "hypothesis>=6.100", "ruff>=0.6", "psutil>=5.9", "tensorboard>=2.15",
+                 "transformers>=4.45", "tokenizers>=0.20"],
         "demo": ["matplotlib>=3.8"],
     },
     entry_points={"console_scripts": ["megatron-dpsched=megatron_dpsched.cli:main"]},

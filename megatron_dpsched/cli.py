@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from megatron_dpsched.core import DPSchedule, ScheduleConfig, ScheduleInvariantError
+from megatron_dpsched.core import DPSchedule, ScheduleConfig, ScheduleInvariantError, StepTimeModel
 from megatron_dpsched.core.cost import CostModelFile
 from megatron_dpsched.whatif.analysis import (
     BASELINE_NAMES,
@@ -142,6 +142,9 @@ def _add_simulation(plan: argparse.ArgumentParser) -> None:
                        help="FLOP/s one GPU achieves on this model (default 4e14)")
     group.add_argument("--microbatch-overhead", type=NON_NEGATIVE, default=0.0, metavar="SECONDS",
                        help="fixed forward time of every micro-batch, in seconds (default 0)")
+    group.add_argument("--objective", choices=("step-time", "micro-batches"), default=None,
+                       help="what dp-schedule's plan minimises: the simulated step time (default with --pp-size > 1 "
+                            "and a token cap, as --dp-schedule-objective in Megatron) or the micro-batch count")
     group.add_argument("--collate-format", choices=("thd", "bshd"), default="thd",
                        help="micro-batches of dp-schedule and per-rank packing: packed (thd, default) or "
                             "padded to their longest sample (bshd); Megatron fixed is always padded")
@@ -211,17 +214,27 @@ FLAG_NAMES = ("dp_size", "global_batch_size", "max_tokens_per_gpu", "micro_batch
 
 def _as_flags(message: str) -> str:
     """The planner names its arguments; the command line user knows flags."""
+    message = message.replace("step_time_model", "--objective step-time")
     return re.sub(r"\b(" + "|".join(FLAG_NAMES) + r")\b", lambda m: "--" + m.group(1).replace("_", "-"), message)
 
 
-def _config(args: argparse.Namespace) -> ScheduleConfig:
+def _step_time_model(args: argparse.Namespace, model: object) -> StepTimeModel | None:
+    """The simulation's step-time model when dp-schedule plans for the step time (``--objective``)."""
+    objective = args.objective or ("step-time" if args.pp_size > 1 and args.max_tokens_per_gpu else "micro-batches")
+    if objective == "micro-batches":
+        return None
+    return StepTimeModel.from_cost_model(model, flops_per_second=args.flops_per_gpu * args.tp_size * args.cp_size,
+                                         seconds_per_microbatch=args.microbatch_overhead)
+
+
+def _config(args: argparse.Namespace, *, step_time_model: StepTimeModel | None = None) -> ScheduleConfig:
     try:
         return ScheduleConfig(
             dp_size=args.dp_size, global_batch_size=args.global_batch_size,
             max_tokens_per_gpu=args.max_tokens_per_gpu, micro_batch_size=args.micro_batch_size,
             cp_size=args.cp_size, pp_size=args.pp_size, vpp_size=args.vpp_size,
             microbatch_group_size_per_vp_stage=args.group_size, balance=args.balance,
-            drop_last=args.drop_last, balance_growth=args.balance_growth,
+            drop_last=args.drop_last, balance_growth=args.balance_growth, step_time_model=step_time_model,
         )
     except ValueError as error:
         raise ValueError(_as_flags(str(error))) from None
@@ -230,7 +243,7 @@ def _config(args: argparse.Namespace) -> ScheduleConfig:
 def _what_if(args: argparse.Namespace) -> tuple[WhatIf, str, str]:
     lengths, kind = load_sample_lengths(args.input)
     model, model_source = model_from_flags(args)
-    config = _config(args)
+    config = _config(args, step_time_model=_step_time_model(args, model))
     simulation = Simulation(cost_model=model, tp_size=args.tp_size, flops_per_gpu=args.flops_per_gpu,
                             seconds_per_microbatch=args.microbatch_overhead, collate_format=args.collate_format)
     shown = args.progress or sys.stderr.isatty()

@@ -126,7 +126,8 @@ def training_flags(seq_length: int, options: Namespace, data: Path, *, lr: float
     """Data, batch, Adam with warm-up and cosine decay to ``lr / 10``, no dropout, fixed seed, no fused kernels
     (they need extra CUDA extensions), no evaluation: what the CPU demo and the GPU check share."""
     return [
-        "--data-path", str(data), "--seq-length", str(seq_length), "--max-position-embeddings", str(seq_length),
+        "--data-path", str(data), "--split", "100,0,0",  # the whole corpus trains
+        "--seq-length", str(seq_length), "--max-position-embeddings", str(seq_length),
         "--global-batch-size", str(options.global_batch_size), "--train-iters", str(options.steps),
         "--lr", f"{lr:g}", "--min-lr", f"{lr / 10:g}", "--lr-decay-style", "cosine", "--lr-warmup-iters", "2",
         "--attention-dropout", "0.0", "--hidden-dropout", "0.0", "--seed", "1234",

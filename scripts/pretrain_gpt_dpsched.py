@@ -7,15 +7,28 @@ Launch with ``torchrun`` like Megatron's own GPT entry point (see ``examples/``)
         --data-path corpus.jsonl --tokenizer-type NullTokenizer --vocab-size V \\
         --dp-schedule --dp-schedule-max-tokens-per-gpu 16384 --micro-batch-size 1
 
-Data: ``--data-path x.jsonl`` (or ``--train-data-path x.jsonl`` with ``--valid-data-path v.jsonl``
-for a validation set), one ``{"tokens": [id, ...]}`` per line, or ``--data-path PREFIX``
-of a Megatron indexed dataset (``PREFIX.bin``/``PREFIX.idx``, one sample per stored sequence;
-lengths come from the index). A sequence of ``L`` ids is a sample of ``L - 1`` positions; every
-sample must fit ``--seq-length``.
+Data, as Megatron reads its flags: ``--data-path P`` or a blend ``--data-path W1 P1 W2 P2 ...``
+cut into train/valid/test by ``--split`` (Megatron's default 969,30,1; ``--split 100,0,0`` trains on
+all of it), or ``--train-data-path`` / ``--valid-data-path`` / ``--test-data-path``, each a prefix or a
+blend. A prefix is a ``.jsonl`` file (one ``{"tokens": [id, ...]}`` per line) or a Megatron indexed
+dataset (``PREFIX.bin``/``PREFIX.idx``, one sample per stored sequence; lengths come from the index).
+A sequence of ``L`` ids is a sample of ``L - 1`` positions; every sample must fit ``--seq-length``.
+``--dataloader-type single`` reads one pass in order, ``cyclic`` a seeded permutation per epoch
+(``megatron_dpsched.core.sampling``).
+
+``--sft`` reads Megatron's SFT conversation JSONL instead (``{"messages": [...]}`` per line), one
+conversation per sample, tokenized and masked by Megatron's own tokenizer (``--tokenizer-type
+SFTTokenizer --tokenizer-model DIR --sft-tokenizer-prompt-format FORMAT``); the planner packs, nothing
+is pre-packed. This entry point handles ``--sft`` itself and turns Megatron's ``args.sft`` off (its
+``SFTDataset`` packing is not used, and its per-micro-batch validation average would depend on the plan),
+so validation losses are per-token like training's. JSONL rows may carry ``"loss_mask"``, or be
+``{"input_ids", "labels"}`` with -100 for untrained tokens; indexed datasets may have a sidecar mask
+``PREFIX_mask.bin``/``.idx``. JSONL files are read by byte offset through a length index cached beside
+them (or in ``$DPSCHED_CACHE_DIR``).
 
 * With ``--dp-schedule`` each step's ``--global-batch-size`` samples are planned globally
   (token cap, micro-batch count per step, DP balance) by ``ScheduledDatasetLoader``, which
-  Megatron gets as an external data loader (``--dataloader-type external`` is set; one
+  Megatron gets as an external data loader (the feed implements ``--dataloader-type``; one
   iterator per virtual pipeline chunk, all from one feed).
 * Without it: Megatron's ordinary path, samples right-padded to ``--seq-length``,
   ``MegatronPretrainingSampler``, ``--micro-batch-size`` fixed micro-batches.
@@ -38,6 +51,7 @@ import functools
 import inspect
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,12 +59,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from megatron_dpsched.core.sampling import parse_blend, parse_split  # noqa: E402
 from megatron_dpsched.data import (  # noqa: E402
-    IndexedTokenDataset,
     PaddedSampleDataset,
-    TokenJsonlDataset,
     open_corpus,
 )
+from megatron_dpsched.data.compose import split_and_blend  # noqa: E402
 from megatron_dpsched.demo.stats import StepRecorder, write_plan  # noqa: E402
 from megatron_dpsched.megatron import (  # noqa: E402
     ScheduledForwardStep,
@@ -79,23 +93,49 @@ def extra_args_provider(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     return parser
 
 
+DATA_FLAGS = ("data_path", "train_data_path", "valid_data_path", "test_data_path")
+
+
 def adjust_args(args: argparse.Namespace) -> None:
     """Check the data flags and set what this entry point needs (after Megatron's validation)."""
-    flag = "--data-path" if args.data_path else "--train-data-path"
-    _check_corpus_path(flag, args.data_path or args.train_data_path)
-    if args.valid_data_path:
-        _check_corpus_path("--valid-data-path", args.valid_data_path)
+    args.sft_conversations = bool(args.sft)
+    args.sft = False  # conversations are read here, one per sample; Megatron's SFT path stays off
+    given = [name for name in DATA_FLAGS if getattr(args, name, None)]
+    if not given:
+        raise ValueError("give --data-path (with --split) or --train-data-path [--valid-data-path] [--test-data-path]")
+    for name in given:
+        flag = "--" + name.replace("_", "-")
+        for prefix in parse_blend(getattr(args, name), flag=flag)[0]:
+            _check_corpus_path(flag, prefix, conversations=args.sft_conversations)
+    if args.data_path:
+        parse_split(args.split)  # Megatron sets 969,30,1 when --split is not given
+    if args.sft_conversations and args.tokenizer_type != "SFTTokenizer":
+        raise ValueError(f"--sft needs --tokenizer-type SFTTokenizer (Megatron's tokenizer that masks prompts as "
+                         f"--sft-tokenizer-prompt-format says) and --tokenizer-model; got {args.tokenizer_type}")
     args.calculate_per_token_loss = True
     if args.eval_interval is None:  # no validation set is built; Megatron still divides by it
         args.eval_interval = args.train_iters or 1
+    if args.eval_iters and not _has_validation_data(args):
+        # no validation set: Megatron would still evaluate (its do_valid tests a list holding None)
+        # and fail on the missing iterator; validation is off instead
+        from megatron.training.utils import print_rank_0
+
+        print_rank_0(f"no validation data (--valid-data-path, or a --split share): validation is off "
+                     f"(--eval-iters {args.eval_iters} -> 0)")
+        args.eval_iters = 0
     setup_dp_schedule(args)  # validates the --dp-schedule flags and installs the hooks
 
 
-def _check_corpus_path(flag: str, paths: list[str] | None) -> None:
-    """One ``.jsonl`` file or indexed-dataset prefix per flag (no blends)."""
-    if not paths or len(paths) != 1:
-        raise ValueError(f"{flag} takes exactly one .jsonl file or indexed-dataset prefix; got {paths}")
-    path = Path(paths[0])
+def _has_validation_data(args: argparse.Namespace) -> bool:
+    """``--valid-data-path``, or ``--data-path`` with a validation share in ``--split``."""
+    return bool(args.valid_data_path) or bool(args.data_path and parse_split(args.split)[1] > 0)
+
+
+def _check_corpus_path(flag: str, prefix: str, *, conversations: bool = False) -> None:
+    """A ``.jsonl`` file or the prefix of an indexed dataset (``.bin``/``.idx``); with ``--sft`` a ``.jsonl`` file."""
+    path = Path(prefix)
+    if conversations and path.suffix != ".jsonl":
+        raise ValueError(f"{flag} {path}: --sft reads a .jsonl file of conversations")
     if path.suffix == ".jsonl" and not path.is_file():
         raise ValueError(f"{flag} {path} does not exist")
     if path.suffix != ".jsonl" and not path.with_name(path.name + ".idx").is_file():
@@ -164,29 +204,62 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
 # --- data -------------------------------------------------------------------------------------
 
 
-def corpus(args: argparse.Namespace) -> TokenJsonlDataset | IndexedTokenDataset:
-    """The ``--data-path`` corpus, loaded once per process."""
-    if "corpus" not in _state:
-        _state["corpus"] = open_corpus((args.data_path or args.train_data_path)[0])
-    return _state["corpus"]
+def open_data(args: argparse.Namespace, path: str) -> Any:
+    """A corpus (:func:`open_corpus`) or, with ``--sft``, a conversation file read with Megatron's tokenizer."""
+    if not getattr(args, "sft_conversations", False):
+        return open_corpus(path)
+    from megatron_dpsched.data import ConversationJsonlDataset, sft_format_from_args
+
+    if "sft_format" not in _state:
+        _state["sft_format"] = sft_format_from_args(args)
+    return ConversationJsonlDataset(path, _state["sft_format"])
 
 
-def datasets_provider(num_samples: Any) -> tuple[Any, Any, None]:
-    """Training data and, with ``--valid-data-path``, validation data (no test set): the raw corpora
-    for ``--dp-schedule`` (their ``lengths`` drive the plan), else padded to ``--seq-length``."""
+def corpus(prefix: str) -> Any:
+    """The corpus at ``prefix``, opened once per process (its length index is built or read)."""
+    from megatron.training.global_vars import get_args
+
+    corpora = _state.setdefault("corpora", {})
+    if prefix not in corpora:
+        corpora[prefix] = open_data(get_args(), prefix)
+    return corpora[prefix]
+
+
+def build_datasets(args: argparse.Namespace, num_samples: Sequence[int | None]) -> list[Any]:
+    """Train, valid and test datasets of the data flags, with Megatron's semantics: ``--data-path`` is
+    one prefix or a blend (``W1 P1 W2 P2 ...``) cut by ``--split``; ``--train/valid/test-data-path``
+    each a prefix or a blend. A blend of one split holds the samples Megatron reads from it
+    (``num_samples``); ``--dataloader-type cyclic`` lets a blend read a dataset again, ``single`` refuses."""
+    repeat = getattr(args, "dp_schedule_dataloader_type", args.dataloader_type) == "cyclic"
+    sizes = list(num_samples) if num_samples is not None else [None, None, None]
+    if args.data_path:
+        return split_and_blend(args.data_path, flag="--data-path", open_dataset=corpus,
+                               split=parse_split(args.split), sizes=sizes, repeat=repeat)
+    built: list[Any] = []
+    for role, name in enumerate(DATA_FLAGS[1:]):
+        values = getattr(args, name, None)
+        flag = "--" + name.replace("_", "-")
+        built.append(None if not values else split_and_blend(
+            values, flag=flag, open_dataset=corpus, split=None, sizes=[sizes[role]], repeat=repeat)[0])
+    return built
+
+
+def datasets_provider(num_samples: Any) -> tuple[Any, Any, Any]:
+    """Training, validation and test data (see :func:`build_datasets`), built once per process: the raw
+    samples for ``--dp-schedule`` (their ``lengths`` drive the plan), else padded to ``--seq-length``."""
     from megatron.training.global_vars import get_args
 
     args = get_args()
-    train = _fitting(corpus(args), args, "--data-path" if args.data_path else "--train-data-path")
-    valid = None
-    if args.valid_data_path:
-        if "valid" not in _state:
-            _state["valid"] = _fitting(open_corpus(args.valid_data_path[0]), args, "--valid-data-path")
-        valid = _state["valid"]
+    if "datasets" not in _state:
+        flags = ("--data-path",) * 3 if args.data_path else ("--train-data-path", "--valid-data-path",
+                                                            "--test-data-path")
+        built = build_datasets(args, num_samples)
+        _state["datasets"] = [None if d is None else _fitting(d, args, flag) for d, flag in zip(built, flags)]
+    train, valid, test = _state["datasets"]
     if args.dp_schedule:
-        return train, valid, None
+        return train, valid, test
     pad = functools.partial(PaddedSampleDataset, seq_length=args.seq_length)
-    return pad(train), None if valid is None else pad(valid), None
+    return tuple(None if d is None else pad(d) for d in (train, valid, test))
 
 
 def _fitting(samples: Any, args: argparse.Namespace, flag: str) -> Any:
@@ -294,8 +367,11 @@ def run_cpu_dry_run(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     torch.distributed.init_process_group("gloo")
+    vocab_size = args.vocab_size
+    if vocab_size is None and args.sft_conversations:  # pretrain() gets it from the tokenizer it builds
+        vocab_size = corpus(args).format.tokenizer.vocab_size
     args.padded_vocab_size = calculate_padded_vocab_size(
-        args.vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size, logging_enabled=False)
+        vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size, logging_enabled=False)
     cpu_shim.initialize_megatron_on_cpu(args)
     install_recorder(args)
     model, optimizer, scheduler = training.setup_model_and_optimizer(ModelType.encoder_or_decoder, model_provider)

@@ -10,8 +10,9 @@ close to the mean.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from megatron_dpsched.core import padding
 from megatron_dpsched.core.packing import target_bin
 
 
@@ -96,17 +97,20 @@ def refine_by_moves(
     costs: Sequence[float],
     cap: int,
     max_moves: int,
+    padded_rows: bool = False,
 ) -> None:
     """Move single samples off the busiest rank while that lowers its cost (in place).
 
     A sample moves into a micro-batch of one of the lightest ranks that has room
-    for it under ``cap``; it never leaves its micro-batch empty, so micro-batch
+    for it under ``cap`` (with ``padded_rows``: one more row at the longer of its size and the
+    micro-batch's longest); it never leaves its micro-batch empty, so micro-batch
     counts, the cap and oversize samples (always alone) are untouched.
     """
     loads = [sum(costs[i] for mb in rank for i in mb) for rank in plan]
     fills = [[sum(sizes[i] for i in mb) for mb in rank] for rank in plan]
     for _ in range(max_moves):
-        move = _best_move(plan, fills, loads, sizes=sizes, costs=costs, cap=cap)
+        place = _placer(plan, fills, sizes=sizes, cap=cap, padded_rows=padded_rows)
+        move = _best_move(plan, loads, sizes=sizes, costs=costs, place=place)
         if move is None:
             return
         source, source_bin, item, target, target_bin = move
@@ -118,29 +122,45 @@ def refine_by_moves(
         loads[target] += costs[item]
 
 
+Placer = Callable[[int], Callable[[int], "int | None"]]
+"""``place(rank)(size)``: the micro-batch of ``rank`` a sample of ``size`` would join, or ``None``."""
+
+
+def _placer(
+    plan: list[list[list[int]]], fills: list[list[int]], *, sizes: Sequence[int], cap: int, padded_rows: bool
+) -> Placer:
+    def place(rank: int) -> Callable[[int], int | None]:
+        if padded_rows:
+            room = [padding.room(count=len(mb), fill=fill, longest=max((sizes[i] for i in mb), default=0), cap=cap,
+                                 padded_rows=True) for mb, fill in zip(plan[rank], fills[rank])]
+        else:
+            room = [cap - fill for fill in fills[rank]]
+        widest = max(room, default=0)
+        return lambda size: target_bin(fills[rank], room, size) if size <= widest else None
+
+    return place
+
+
 def _best_move(
     plan: list[list[list[int]]],
-    fills: list[list[int]],
     loads: list[float],
     *,
     sizes: Sequence[int],
     costs: Sequence[float],
-    cap: int,
+    place: Placer,
 ) -> tuple[int, int, int, int, int] | None:
     """The move from the busiest rank to one of the 8 lightest that lowers the pair's peak most."""
     source = max(range(len(loads)), key=loads.__getitem__)
     best, best_peak = None, loads[source]
     for target in heapq.nsmallest(8, range(len(loads)), key=loads.__getitem__):
-        room = [cap - fill for fill in fills[target]]
-        widest = max(room, default=0)
+        into_target = place(target)
         for source_bin, mb in enumerate(plan[source]):
             if len(mb) < 2:
                 continue
             for item in mb:
                 peak = max(loads[source] - costs[item], loads[target] + costs[item])
-                if peak < best_peak and sizes[item] <= widest:
-                    into = target_bin(fills[target], room, sizes[item])
-                    best, best_peak = (source, source_bin, item, target, into), peak
+                if peak < best_peak:
+                    into = into_target(sizes[item])
+                    if into is not None:
+                        best, best_peak = (source, source_bin, item, target, into), peak
     return best
-
-

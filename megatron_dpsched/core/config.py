@@ -50,6 +50,13 @@ class ScheduleConfig:
     """With a token cap: choose each step's micro-batch count, packing and order for the smallest
     simulated step time of the slowest rank under this model (spec step 7); ``None`` keeps the fewest
     micro-batches that balance. A dict (the plan's JSON form) is read back as a model."""
+    pad_multiple: int = 1
+    """Each sample's planned size is its length rounded up to a multiple of this: what collate pads it to
+    (``2 * CP``, times TP with sequence parallelism, FP8 alignment). Packing, bounds and the cap count
+    planned sizes; costs stay those of the real lengths. At most the token cap."""
+    padded_rows: bool = False
+    """With a token cap: micro-batches are padded rows (``bshd``), so a micro-batch's collated size is its
+    sample count times its longest planned size, not the sum of the planned sizes (packed ``thd``)."""
 
     def __post_init__(self) -> None:
         for name in ("dp_size", "global_batch_size", "cp_size", "pp_size", "vpp_size"):
@@ -69,7 +76,18 @@ class ScheduleConfig:
         if not isinstance(self.balance, str) or self.balance not in BALANCE_MODES:
             raise ValueError(f"balance must be one of {', '.join(BALANCE_MODES)}; got {self.balance!r}")
         object.__setattr__(self, "microbatch_order", resolve_order(self.microbatch_order, self.pp_size))
+        self._validate_padding()
         self._validate_step_time_model()
+
+    def _validate_padding(self) -> None:
+        object.__setattr__(self, "pad_multiple", require_int("pad_multiple", self.pad_multiple, maximum=MAX_TOKENS))
+        object.__setattr__(self, "padded_rows", require_bool("padded_rows", self.padded_rows))
+        cap = self.token_cap
+        if cap is not None and self.pad_multiple > cap:
+            raise ValueError(
+                f"pad_multiple={self.pad_multiple} is larger than the token cap max_tokens_per_gpu * cp_size = "
+                f"{cap}: every sample, even a one-token micro-batch, would be padded past the cap"
+            )
 
     def _validate_batching(self) -> None:
         cap, mbs = self.max_tokens_per_gpu, self.micro_batch_size

@@ -11,6 +11,7 @@ import math
 from typing import TYPE_CHECKING, NoReturn
 
 from megatron_dpsched.core.config import ScheduleConfig
+from megatron_dpsched.core.padding import collated_size, planned_sizes
 from megatron_dpsched.core.planning import lower_bound_microbatches
 from megatron_dpsched.core.steps import split_steps
 from megatron_dpsched.core.validation import MAX_TOKENS, is_int, is_real
@@ -92,17 +93,25 @@ def _check_lockstep(schedule: DPSchedule) -> None:
 
 
 def _check_caps(schedule: DPSchedule) -> None:
-    config, lengths = schedule.config, schedule.lengths
+    config = schedule.config
+    sizes = planned_sizes(schedule.lengths, pad_multiple=config.pad_multiple)
     for rank in range(schedule.dp_size):
         for step in range(schedule.num_steps):
             for index, mb in enumerate(schedule.rank_step_micro_batches(rank, step)):
                 where = f"rank {rank}, step {step}, micro-batch {index}"
                 if config.micro_batch_size is not None and len(mb) > config.micro_batch_size:
                     _fail(2, f"{where} holds {len(mb)} samples > micro_batch_size={config.micro_batch_size}")
-                tokens = sum(lengths[i] for i in mb)
-                if config.token_cap is not None and len(mb) > 1 and tokens > config.token_cap:
-                    _fail(2, f"{where} holds {tokens} tokens in {len(mb)} samples > max_tokens_per_gpu * "
-                          f"cp_size = {config.token_cap}")
+                if config.token_cap is None or len(mb) < 2:
+                    continue
+                tokens = collated_size(mb, sizes, padded_rows=config.padded_rows)
+                if tokens > config.token_cap:
+                    _fail(2, f"{where} collates to {tokens} tokens ({_how_collated(config)}) in {len(mb)} samples "
+                          f"> max_tokens_per_gpu * cp_size = {config.token_cap}")
+
+
+def _how_collated(config: ScheduleConfig) -> str:
+    rows = "rows x longest" if config.padded_rows else "sum of lengths"
+    return rows if config.pad_multiple == 1 else f"{rows}, each rounded up to {config.pad_multiple}"
 
 
 def _check_coverage(schedule: DPSchedule) -> None:
@@ -140,7 +149,8 @@ def _check_legal_counts(schedule: DPSchedule) -> None:
 
 def _check_count_bounds(schedule: DPSchedule, step: int, count: int) -> None:
     """At least the aligned lower bound; with a step-time model at most ``max(lower bound, align(n))``."""
-    config, lengths = schedule.config, schedule.lengths
+    config = schedule.config
+    lengths = planned_sizes(schedule.lengths, pad_multiple=config.pad_multiple)
     per_rank = [sum(len(mb) for mb in schedule.rank_step_micro_batches(r, step)) for r in range(schedule.dp_size)]
     if sum(per_rank) == 0:
         return  # invariant 6 reports the empty step

@@ -68,12 +68,19 @@ class StepTimer:
         return [plan[r] for r in sorted(range(len(plan)), key=lambda r: -loads[r])[:SCREEN_RANKS]]
 
     def _forward_time(self, micro_batch: Sequence[int]) -> float:
-        """:meth:`StepTimeModel.forward_time` of the micro-batch's lengths (a dummy counts one token)."""
+        """:meth:`StepTimeModel.forward_time` of the micro-batch's planned sizes, what runs (a dummy counts
+        one token); with ``padded_rows`` every row as long as the longest."""
         model = self.config.step_time_model
         assert model is not None
         sizes = self.sizes
-        tokens = sum(sizes[i] for i in micro_batch) if micro_batch else 1
-        pairs = sum(sizes[i] * sizes[i] for i in micro_batch) if micro_batch else 1
+        if not micro_batch:
+            tokens = pairs = 1
+        elif self.config.padded_rows:
+            longest = max(sizes[i] for i in micro_batch)
+            tokens, pairs = len(micro_batch) * longest, len(micro_batch) * longest * longest
+        else:
+            tokens = sum(sizes[i] for i in micro_batch)
+            pairs = sum(sizes[i] * sizes[i] for i in micro_batch)
         return model.seconds_per_token * tokens + model.seconds_per_token_pair * pairs + model.seconds_per_microbatch
 
 
@@ -168,5 +175,6 @@ def repack_ranks(
     """Every rank's samples packed into ``count`` micro-batches (step 4); ``None`` if one does not fit."""
     cap = config.token_cap
     assert cap is not None
-    packed = [pack_into([i for mb in rank for i in mb], sizes, cap, count) for rank in plan]
+    packed = [pack_into([i for mb in rank for i in mb], sizes, cap, count, padded_rows=config.padded_rows)
+              for rank in plan]
     return None if any(bins is None for bins in packed) else packed  # type: ignore[return-value]

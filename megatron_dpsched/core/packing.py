@@ -1,8 +1,10 @@
 """Packing samples into micro-batches under a token cap.
 
-Items are sample ids; ``sizes[i]`` is sample ``i``'s token count. A sample
-longer than the cap always sits alone in its own micro-batch; every other
-micro-batch holds at most ``cap`` tokens.
+Items are sample ids; ``sizes[i]`` is sample ``i``'s planned size (its token count
+rounded up to the pad multiple). A sample longer than the cap always sits alone in
+its own micro-batch; every other micro-batch's collated size is at most ``cap``: the
+sum of its sizes, or with ``padded_rows`` its sample count times its longest size
+(:mod:`~megatron_dpsched.core.padding`).
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ import math
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Sequence
 
+from megatron_dpsched.core.padding import collated_size
 
-def bin_lower_bound(sizes: Sequence[int], cap: int) -> int:
-    """Fewest micro-batches any packing can use.
+
+def bin_lower_bound(sizes: Sequence[int], cap: int, *, padded_rows: bool = False) -> int:
+    """Fewest micro-batches any packing can use (with ``padded_rows``: :func:`chunk_count`, exact).
 
     Oversize samples (> cap) sit alone. Among the rest, the tokens need
     ``ceil(total / cap)``, and no micro-batch holds ``k + 1`` samples longer than
@@ -22,6 +26,8 @@ def bin_lower_bound(sizes: Sequence[int], cap: int) -> int:
     (``k = 1``: no two samples over half the cap share one; ``k = 2``: at most two
     over a third, ...). The bound is the oversize count plus the largest of these.
     """
+    if padded_rows:
+        return chunk_count(sizes, cap)
     oversize = sum(1 for size in sizes if size > cap)
     rest = sorted(size for size in sizes if size <= cap)
     bound = math.ceil(sum(rest) / cap)
@@ -33,8 +39,40 @@ def bin_lower_bound(sizes: Sequence[int], cap: int) -> int:
     return oversize + bound
 
 
-def best_fit_decreasing(items: Sequence[int], sizes: Sequence[int], cap: int) -> list[list[int]]:
-    """Pack ``items`` by best-fit decreasing (the 11/9 OPT + 6/9 bound of FFD) in O(n log n)."""
+def chunk_count(sizes: Sequence[int], cap: int) -> int:
+    """Micro-batches of :func:`chunk_decreasing`: the fewest any padded-rows packing can use."""
+    ordered = sorted(sizes, reverse=True)
+    count = position = 0
+    while position < len(ordered):
+        position += max(1, cap // ordered[position])
+        count += 1
+    return count
+
+
+def chunk_decreasing(items: Sequence[int], sizes: Sequence[int], cap: int) -> list[list[int]]:
+    """Padded rows: samples in decreasing size, each micro-batch as many as its first (longest) allows.
+
+    A micro-batch whose longest sample has size ``m`` holds at most ``cap // m`` rows, so taking the
+    longest remaining sample with the next ``cap // m - 1`` longest uses the fewest micro-batches (an
+    exchange argument: swapping a shorter sample into the longest's micro-batch never breaks a cap).
+    """
+    ordered = sorted(items, key=lambda i: (-sizes[i], i))
+    bins: list[list[int]] = []
+    position = 0
+    while position < len(ordered):
+        rows = max(1, cap // sizes[ordered[position]])
+        bins.append(ordered[position : position + rows])
+        position += rows
+    return bins
+
+
+def best_fit_decreasing(
+    items: Sequence[int], sizes: Sequence[int], cap: int, *, padded_rows: bool = False
+) -> list[list[int]]:
+    """Pack ``items`` by best-fit decreasing (the 11/9 OPT + 6/9 bound of FFD) in O(n log n);
+    with ``padded_rows`` by :func:`chunk_decreasing` (the fewest micro-batches)."""
+    if padded_rows:
+        return chunk_decreasing(items, sizes, cap)
     bins: list[list[int]] = []
     open_bins: list[tuple[int, int]] = []  # (residual, bin id), ascending
     for item in sorted(items, key=lambda i: -sizes[i]):
@@ -132,28 +170,42 @@ def worst_fit_decreasing(
     return bins
 
 
-def split_to_count(bins: list[list[int]], sizes: Sequence[int], num_bins: int) -> list[list[int]]:
-    """Split the fullest multi-sample bins in two until there are ``num_bins``; pad with empty bins."""
+def split_to_count(
+    bins: list[list[int]], sizes: Sequence[int], num_bins: int, *, padded_rows: bool = False
+) -> list[list[int]]:
+    """Split the fullest multi-sample bins in two until there are ``num_bins``; pad with empty bins.
+
+    Fullest by collated size; with ``padded_rows`` a bin splits into its longer and its shorter
+    samples (less padding), else into two of near-equal tokens. Parts never exceed the whole.
+    """
     assert len(bins) <= num_bins, (len(bins), num_bins)
     out = [list(b) for b in bins]
-    heap = [(-_tokens(b, sizes), i) for i, b in enumerate(out) if len(b) > 1]
+    heap = [(-collated_size(b, sizes, padded_rows=padded_rows), i) for i, b in enumerate(out) if len(b) > 1]
     heapq.heapify(heap)
+    halve = _split_rows if padded_rows else _halve
     while len(out) < num_bins and heap:
         _, i = heapq.heappop(heap)
-        first, second = _halve(out[i], sizes)
+        first, second = halve(out[i], sizes)
         out[i] = first
         out.append(second)
         for j in (i, len(out) - 1):
             if len(out[j]) > 1:
-                heapq.heappush(heap, (-_tokens(out[j], sizes), j))
+                heapq.heappush(heap, (-collated_size(out[j], sizes, padded_rows=padded_rows), j))
     out.extend([] for _ in range(num_bins - len(out)))
     return out
 
 
 def pack_into(
-    items: Sequence[int], sizes: Sequence[int], cap: int, num_bins: int
+    items: Sequence[int], sizes: Sequence[int], cap: int, num_bins: int, *, padded_rows: bool = False
 ) -> list[list[int]] | None:
-    """Pack ``items`` into exactly ``num_bins`` capped micro-batches, or ``None`` if they need more."""
+    """Pack ``items`` into exactly ``num_bins`` capped micro-batches, or ``None`` if they need more.
+
+    Worst-fit decreasing, else best-fit decreasing and splitting; with ``padded_rows`` the chunks
+    of :func:`chunk_decreasing`, split (each micro-batch then holds samples of similar length).
+    """
+    if padded_rows:
+        bins = chunk_decreasing(items, sizes, cap)
+        return None if len(bins) > num_bins else split_to_count(bins, sizes, num_bins, padded_rows=True)
     bins = worst_fit_decreasing(items, sizes, cap, num_bins)
     if bins is not None:
         return bins
@@ -163,8 +215,13 @@ def pack_into(
     return split_to_count(bins, sizes, num_bins)
 
 
-def _tokens(items: Sequence[int], sizes: Sequence[int]) -> int:
-    return sum(sizes[i] for i in items)
+def _split_rows(items: Sequence[int], sizes: Sequence[int]) -> tuple[list[int], list[int]]:
+    """Split a padded-rows bin into its longest samples and the rest, at the cut with the smaller
+    larger part (``j`` rows of the longest size vs. the rest's rows of theirs)."""
+    ordered = sorted(items, key=lambda i: (-sizes[i], i))
+    count, longest = len(ordered), sizes[ordered[0]]
+    cut = min(range(1, count), key=lambda j: max(j * longest, (count - j) * sizes[ordered[j]]))
+    return ordered[:cut], ordered[cut:]
 
 
 def _halve(items: Sequence[int], sizes: Sequence[int]) -> tuple[list[int], list[int]]:
@@ -187,3 +244,4 @@ def target_bin(fills: Sequence[int], room: Sequence[int], size: int) -> int:
     only for ranks short of samples), else the first with ``room`` for it."""
     empty = next((b for b, fill in enumerate(fills) if fill == 0), None)
     return empty if empty is not None else next(b for b, r in enumerate(room) if r >= size)
+

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from megatron_dpsched.core import padding
 from megatron_dpsched.core.balancing import assign_bins, lpt_assign, refine_by_moves
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
 from megatron_dpsched.core.objective import plan_for_step_time
@@ -18,6 +19,7 @@ from megatron_dpsched.core.packing import (
     split_to_count,
     target_bin,
 )
+from megatron_dpsched.core.padding import collated_size, planned_sizes
 
 
 def plan_step(
@@ -27,8 +29,10 @@ def plan_step(
     costs: Sequence[float],
     config: ScheduleConfig,
 ) -> list[RankPlan]:
-    """One step: per rank, its micro-batches (global sample ids) in run order."""
-    local_sizes = [sizes[i] for i in samples]
+    """One step: per rank, its micro-batches (global sample ids) in run order.
+
+    ``sizes`` are the real lengths; the step is planned on their planned sizes (``pad_multiple``)."""
+    local_sizes = list(planned_sizes([sizes[i] for i in samples], pad_multiple=config.pad_multiple))
     local_costs = [costs[i] for i in samples]
     if config.micro_batch_size is not None:
         ranks = _plan_static(local_sizes, local_costs, config=config)
@@ -44,12 +48,12 @@ def plan_step(
 
 
 def lower_bound_microbatches(sizes: Sequence[int], *, config: ScheduleConfig) -> int:
-    """Step 2: the fewest legal micro-batches per rank any plan of these samples can run."""
+    """Step 2: the fewest legal micro-batches per rank any plan of these samples (planned sizes) can run."""
     dp = config.dp_size
     if config.micro_batch_size is not None:
         needed = math.ceil(len(sizes) / (config.micro_batch_size * dp))
     else:
-        needed = math.ceil(bin_lower_bound(sizes, config.token_cap) / dp)
+        needed = math.ceil(bin_lower_bound(sizes, config.token_cap, padded_rows=config.padded_rows) / dp)
     return config.layout.align(needed)
 
 
@@ -92,14 +96,14 @@ samples are too coarse to balance, e.g. dp_size + 1 equal samples)."""
 def _plan_dynamic(sizes: list[int], costs: list[float], *, config: ScheduleConfig) -> list[RankPlan]:
     """Steps 3-5: the smallest count that balances, within the count of one global packing."""
     if config.balance == "none":
-        return _plan_by_bins(_global_packing(sizes, config.token_cap), sizes, costs, config=config)
+        return _plan_by_bins(_global_packing(sizes, config), sizes, costs, config=config)
     ideal = max(sum(costs) / config.dp_size, max(costs))
     num_microbatches = lower_bound_microbatches(sizes, config=config)
-    plan = _assign_and_pack(sizes, costs, cap=config.token_cap, dp=config.dp_size, num_microbatches=num_microbatches)
+    plan = _assign_and_pack(sizes, costs, config=config, num_microbatches=num_microbatches)
     global_bins: list[list[int]] | None = None
     upper = num_microbatches
     if plan is None:  # the lower bound does not fit: find the first count that does, in O(log) tries
-        global_bins = _global_packing(sizes, config.token_cap)
+        global_bins = _global_packing(sizes, config)
         upper = _bins_count(global_bins, config)
         num_microbatches, plan = _first_fitting_count(sizes, costs, config=config, low=num_microbatches, high=upper)
     best, best_peak = None, math.inf
@@ -107,12 +111,12 @@ def _plan_dynamic(sizes: list[int], costs: list[float], *, config: ScheduleConfi
     while True:
         peak = _peak_cost(plan, costs)
         if peak > ideal * (1 + BALANCE_TOLERANCE):
-            global_bins = global_bins or _global_packing(sizes, config.token_cap)
+            global_bins = global_bins or _global_packing(sizes, config)
             upper = _bins_count(global_bins, config)
             if plan is None and best is None and num_microbatches >= upper:
                 plan = _plan_by_bins(global_bins, sizes, costs, config=config)
             if plan is not None:
-                refine_by_moves(plan, sizes=sizes, costs=costs, cap=config.token_cap, max_moves=4 * config.dp_size)
+                _refine(plan, sizes, costs, config=config)
                 peak = _peak_cost(plan, costs)
         stale = stale + 1 if best is not None else 0
         if peak < best_peak * (1 - BALANCE_TOLERANCE):
@@ -123,9 +127,7 @@ def _plan_dynamic(sizes: list[int], costs: list[float], *, config: ScheduleConfi
         if best is not None and num_microbatches >= limit:
             return best
         num_microbatches = config.layout.next_legal(num_microbatches)
-        plan = _assign_and_pack(
-            sizes, costs, cap=config.token_cap, dp=config.dp_size, num_microbatches=num_microbatches
-        )
+        plan = _assign_and_pack(sizes, costs, config=config, num_microbatches=num_microbatches)
 
 
 def _plan_step_time(
@@ -134,7 +136,7 @@ def _plan_step_time(
     """Step 7: the default plan, or one at another count that the step-time model finds faster."""
     growth_limit = None
     if config.balance_growth > 0:
-        upper = _bins_count(_global_packing(sizes, config.token_cap), config)
+        upper = _bins_count(_global_packing(sizes, config), config)
         growth_limit = config.layout.align(math.ceil(upper * (1 + config.balance_growth)))
 
     def replan(num_microbatches: int) -> list[RankPlan] | None:
@@ -150,11 +152,17 @@ def plan_at_count(
     sizes: list[int], costs: list[float], *, config: ScheduleConfig, num_microbatches: int
 ) -> list[RankPlan] | None:
     """Steps 3-4 at one count, refined as in step 5 when unbalanced; ``None`` if it does not fit."""
-    plan = _assign_and_pack(sizes, costs, cap=config.token_cap, dp=config.dp_size, num_microbatches=num_microbatches)
+    plan = _assign_and_pack(sizes, costs, config=config, num_microbatches=num_microbatches)
     ideal = max(sum(costs) / config.dp_size, max(costs))
     if plan is not None and _peak_cost(plan, costs) > ideal * (1 + BALANCE_TOLERANCE):
-        refine_by_moves(plan, sizes=sizes, costs=costs, cap=config.token_cap, max_moves=4 * config.dp_size)
+        _refine(plan, sizes, costs, config=config)
     return plan
+
+
+def _refine(plan: list[RankPlan], sizes: list[int], costs: list[float], *, config: ScheduleConfig) -> None:
+    """Step 5's refinement: single samples off the busiest rank (in place)."""
+    refine_by_moves(plan, sizes=sizes, costs=costs, cap=config.token_cap, max_moves=4 * config.dp_size,
+                    padded_rows=config.padded_rows)
 
 
 def _bins_count(bins: list[list[int]], config: ScheduleConfig) -> int:
@@ -173,10 +181,13 @@ def _first_fitting_count(
     one per count (equal samples just over a third of the cap fit two per micro-batch, so
     every count between ``n / 3`` and ``n / 2`` fails).
     """
-    layout, cap, dp = config.layout, config.token_cap, config.dp_size
+    layout = config.layout
 
     def attempt(count: int) -> list[RankPlan] | None:
-        return _assign_and_pack(sizes, costs, cap=cap, dp=dp, num_microbatches=count)
+        return _assign_and_pack(sizes, costs, config=config, num_microbatches=count)
+
+    if high <= low:  # ``low`` is the only count allowed and it does not fit (padded rows: ``M == U`` always)
+        return low, None
 
     step, fitting, plan = 1, high, None
     while True:
@@ -198,9 +209,12 @@ def _first_fitting_count(
     return fitting, plan
 
 
-def _global_packing(sizes: list[int], cap: int) -> list[list[int]]:
-    """The better of best-fit decreasing and first fit in arrival order over the whole step."""
-    items = range(len(sizes))
+def _global_packing(sizes: list[int], config: ScheduleConfig) -> list[list[int]]:
+    """The better of best-fit decreasing and first fit in arrival order over the whole step; with
+    ``padded_rows`` the chunking of :func:`~megatron_dpsched.core.packing.chunk_decreasing` (the fewest)."""
+    items, cap = range(len(sizes)), config.token_cap
+    if config.padded_rows:
+        return best_fit_decreasing(items, sizes, cap, padded_rows=True)
     return min(best_fit_decreasing(items, sizes, cap), first_fit(items, sizes, cap), key=len)
 
 
@@ -216,25 +230,26 @@ def _plan_by_bins(
     """Step 5: global micro-batches split to ``M * dp_size`` and dealt to ranks."""
     dp = config.dp_size
     num_microbatches = config.layout.align(math.ceil(len(bins) / dp))
-    bins = split_to_count(bins, sizes, num_microbatches * dp)
+    bins = split_to_count(bins, sizes, num_microbatches * dp, padded_rows=config.padded_rows)
     owners = assign_bins(bins, costs=costs, num_ranks=dp, balance=config.balance != "none")
     return [[bins[b] for b in owned] for owned in owners]
 
 
 def _assign_and_pack(
-    sizes: list[int], costs: list[float], *, cap: int, dp: int, num_microbatches: int
+    sizes: list[int], costs: list[float], *, config: ScheduleConfig, num_microbatches: int
 ) -> list[RankPlan] | None:
     """Steps 3-4 for one candidate micro-batch count; ``None`` if it does not fit."""
+    cap, rows = config.token_cap, config.padded_rows
     weights = [min(size, cap) for size in sizes]
     ranks = lpt_assign(
-        range(len(sizes)), costs=costs, weights=weights, capacity=num_microbatches * cap, num_ranks=dp
+        range(len(sizes)), costs=costs, weights=weights, capacity=num_microbatches * cap, num_ranks=config.dp_size
     )
     if ranks is None:
         return None
-    packed = [pack_into(items, sizes, cap, num_microbatches) for items in ranks]
+    packed = [pack_into(items, sizes, cap, num_microbatches, padded_rows=rows) for items in ranks]
     if all(bins is not None for bins in packed):
         return packed
-    return _repair_overflow(ranks, packed, sizes, costs, cap=cap, num_microbatches=num_microbatches)
+    return _repair_overflow(ranks, packed, sizes, costs, config=config, num_microbatches=num_microbatches)
 
 
 def _repair_overflow(
@@ -243,33 +258,56 @@ def _repair_overflow(
     sizes: list[int],
     costs: list[float],
     *,
-    cap: int,
+    config: ScheduleConfig,
     num_microbatches: int,
 ) -> list[RankPlan] | None:
     """Move the samples of overflowing ranks' emptiest micro-batches to the lightest ranks with room."""
+    cap, rows = config.token_cap, config.padded_rows
     loads = [sum(costs[i] for i in items) for items in ranks]
     homeless: list[int] = []
     bins_per_rank: list[RankPlan] = []
     for rank, bins in enumerate(packed):
         if bins is None:
-            bins = sorted(best_fit_decreasing(ranks[rank], sizes, cap), key=lambda b: -_load(b, sizes))
+            bins = sorted(best_fit_decreasing(ranks[rank], sizes, cap, padded_rows=rows),
+                          key=lambda b: -collated_size(b, sizes, padded_rows=rows))
             for item in (i for b in bins[num_microbatches:] for i in b):
                 homeless.append(item)
                 loads[rank] -= costs[item]
             bins = bins[:num_microbatches]
         bins_per_rank.append(bins)
-    residuals = [[cap - _load(b, sizes) for b in bins] for bins in bins_per_rank]
-    for item in sorted(homeless, key=lambda i: -sizes[i]):
+    if not _rehome(sorted(homeless, key=lambda i: -sizes[i]), bins_per_rank, loads, sizes=sizes, costs=costs,
+                   config=config):
+        return None
+    return [split_to_count(bins, sizes, num_microbatches, padded_rows=rows) for bins in bins_per_rank]
+
+
+def _rehome(
+    homeless: list[int], bins_per_rank: list[RankPlan], loads: list[float], *,
+    sizes: list[int], costs: list[float], config: ScheduleConfig,
+) -> bool:
+    """Each homeless sample (longest first) into the lightest rank with room; ``False`` if one fits nowhere."""
+    cap, rows = config.token_cap, config.padded_rows
+    fills = [[_load(b, sizes) for b in bins] for bins in bins_per_rank]
+    longest = [[max((sizes[i] for i in b), default=0) for b in bins] for bins in bins_per_rank]
+
+    def room(rank: int, b: int) -> int:
+        return padding.room(count=len(bins_per_rank[rank][b]), fill=fills[rank][b], longest=longest[rank][b],
+                            cap=cap, padded_rows=rows)
+
+    rooms = [[room(r, b) for b in range(len(bins))] for r, bins in enumerate(bins_per_rank)]
+    for item in homeless:
         size = sizes[item]
-        fits = [r for r in range(len(loads)) if residuals[r] and max(residuals[r]) >= size]
+        fits = [r for r in range(len(loads)) if rooms[r] and max(rooms[r]) >= size]
         if not fits:
-            return None
+            return False
         rank = min(fits, key=lambda r: loads[r])
-        b = target_bin([cap - room for room in residuals[rank]], residuals[rank], size)
+        b = target_bin(fills[rank], rooms[rank], size)
         bins_per_rank[rank][b].append(item)
-        residuals[rank][b] -= size
+        fills[rank][b] += size
+        longest[rank][b] = max(longest[rank][b], size)
+        rooms[rank][b] = room(rank, b)
         loads[rank] += costs[item]
-    return [split_to_count(bins, sizes, num_microbatches) for bins in bins_per_rank]
+    return True
 
 
 def _load(items: Sequence[int], sizes: Sequence[int]) -> int:

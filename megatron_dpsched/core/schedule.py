@@ -10,6 +10,23 @@ the library default ``s + s^2 / 49152`` (:data:`~megatron_dpsched.core.cost.DEFA
 tokens plus attention, shaped like a dense GPT layer of width 4096); with
 ``balance="tokens"`` it is the token count. Steps 3-6 balance and order by it.
 
+Planned sizes. What the cap bounds is what collate builds. A sample's planned
+size is its length rounded up to ``pad_multiple`` (the multiple collate pads every
+sequence to: ``2 * CP``, times TP with sequence parallelism, the FP8 alignment); a
+micro-batch's collated size is the sum of its samples' planned sizes (packed
+``thd``), or with ``padded_rows`` (padded ``bshd``: one row per sample, each as long
+as the longest) its sample count times its longest planned size. Steps 2-5 and 7
+count planned sizes wherever they count tokens: the lower bound, rank capacities,
+packing, the global packing, overflow repair and refinement moves, and the step-time
+model's micro-batch times (what runs; with ``padded_rows`` ``rows x longest`` tokens and
+``rows x longest^2`` attention pairs). With ``pad_multiple=1`` and no ``padded_rows``
+(the defaults) planned sizes are the lengths. Costs stay those of the real lengths:
+a cost is a property of one sample, while the padding a sample carries under
+``padded_rows`` depends on which samples share its micro-batch, which step 3 does not
+know yet; per-sequence padding adds fewer than ``pad_multiple`` tokens to a sample (and
+packed attention runs on the real ``cu_seqlens``); and the lengths are what the plan
+stores, fingerprints and checks against the data.
+
 Steps (per optimizer step; 1 here, 2-6 in :mod:`megatron_dpsched.core.planning`, 7 in
 :mod:`megatron_dpsched.core.objective`):
 
@@ -19,7 +36,9 @@ Steps (per optimizer step; 1 here, 2-6 in :mod:`megatron_dpsched.core.planning`,
    ``drop_last`` is reported in ``dropped``.
 2. Lower bound: with a token cap ``C = max_tokens_per_gpu * cp_size`` the step
    needs at least ``L = oversize + max(ceil(tokens / C), #samples > C/2)``
-   micro-batches, so each rank runs at least ``M = align(ceil(L / dp_size))``,
+   micro-batches (planned sizes; with ``padded_rows``, ``L`` is the count of the
+   chunking of step 4 over the whole step, which is the fewest possible),
+   so each rank runs at least ``M = align(ceil(L / dp_size))``,
    where ``align`` gives the smallest count Megatron's schedule accepts
    (interleaved rule, see :mod:`~megatron_dpsched.core.alignment`). With
    ``micro_batch_size`` it is ``align(ceil(samples / (micro_batch_size * dp_size)))``.
@@ -30,12 +49,19 @@ Steps (per optimizer step; 1 here, 2-6 in :mod:`megatron_dpsched.core.planning`,
 4. Pack each rank's samples into exactly ``M`` micro-batches: worst-fit
    decreasing (even micro-batches), else best-fit decreasing then splitting
    the fullest micro-batches; empty micro-batches only when a rank has fewer
-   samples than ``M``. A rank whose samples need more than ``M`` hands the
-   samples of its emptiest micro-batches to the least-loaded ranks with room.
+   samples than ``M``. With ``padded_rows`` a sample of size ``s`` joins a
+   micro-batch of ``k`` samples whose longest is ``m`` only if
+   ``(k + 1) * max(m, s) <= C``; a rank's samples are chunked in decreasing size,
+   each micro-batch taking as many as its first (longest) allows, ``C // m`` (the
+   fewest micro-batches), and the largest micro-batches are split into their longer
+   and their shorter samples until there are ``M``. A rank whose samples need more
+   than ``M`` hands the samples of its emptiest micro-batches to the least-loaded
+   ranks with room.
 5. Otherwise (a rank overflowed, or the cap kept ranks from balancing: heavy
    tails at high fill), retry with the next legal ``M``, up to ``U``, the count
    of one global packing (the better of best-fit decreasing and first fit in
-   arrival order, so never more than a global first fit), or with
+   arrival order, so never more than a global first fit; with ``padded_rows`` the
+   chunking of step 4, the fewest), or with
    ``balance_growth`` up to ``U * (1 + balance_growth)``. A larger ``M`` is
    kept only if it cuts the busiest rank's cost by more than 2%; the search
    stops after two larger counts in a row bring nothing. If no count
@@ -72,9 +98,12 @@ Steps (per optimizer step; 1 here, 2-6 in :mod:`megatron_dpsched.core.planning`,
 Invariants (checked by :meth:`DPSchedule.check`, for every accepted input):
 
 1. Every rank runs the same ``num_microbatches[s]`` micro-batches in step ``s``.
-2. With ``max_tokens_per_gpu``, every micro-batch holds at most
-   ``max_tokens_per_gpu * cp_size`` tokens, or is a single longer sample; with
-   ``micro_batch_size``, at most that many samples.
+2. With ``max_tokens_per_gpu``, every micro-batch's collated size is at most
+   ``C = max_tokens_per_gpu * cp_size``, or the micro-batch is a single sample
+   (which alone may exceed it). The collated size is the sum over its samples of
+   their lengths rounded up to ``pad_multiple``; with ``padded_rows``, its sample
+   count times the longest of those rounded lengths (so with the defaults it is the
+   token count). With ``micro_batch_size``, at most that many samples.
 3. Flattening ``micro_batch_indices[r]`` gives ``range(len(partitions[r]))``;
    partitions are disjoint and their union is every sample not in ``dropped``.
 4. ``num_microbatches[s]`` is legal for Megatron's schedule (interleaved rule
@@ -91,7 +120,8 @@ Invariants (checked by :meth:`DPSchedule.check`, for every accepted input):
    (groups); ``step_num_samples[s]`` counts the samples of step ``s``; only a
    trailing partial step can be dropped, and only with ``drop_last``.
 6. The plan is well formed: every length is an integer in ``1..2**31-1``,
-   every cost a finite number > 0, sample ids, positions and counts are
+   every cost a finite number > 0, ``pad_multiple`` an integer of at most ``C``
+   (checked when the config is built), sample ids, positions and counts are
    integers, there is at least one step, and every step trains at least one
    sample. Steps and ``dropped`` are exactly the cut of step 1 (invariant 5).
 
@@ -244,6 +274,8 @@ def build_dp_schedule(
     microbatch_order: str | None = None,
     balance_growth: float = 0.0,
     step_time_model: StepTimeModel | None = None,
+    pad_multiple: int = 1,
+    padded_rows: bool = False,
 ) -> DPSchedule:
     """Plan every step of ``lengths`` at once (see the module docstring for the rules).
 
@@ -252,7 +284,8 @@ def build_dp_schedule(
     ``cost_model`` it balances :data:`~megatron_dpsched.core.cost.DEFAULT_COST_MODEL`,
     ``s + s^2 / 49152`` (tokens plus attention, quadratic-aware, the shape of a dense GPT of width
     4096), not raw tokens; ``balance="tokens"`` balances token counts, ``balance="none"`` nothing
-    (micro-batches dealt round-robin; costs still order them).
+    (micro-batches dealt round-robin; costs still order them). ``pad_multiple`` and ``padded_rows``
+    make the cap bound collated micro-batches (see "Planned sizes" in the module docstring).
     """
     config = ScheduleConfig(
         dp_size=dp_size,
@@ -268,6 +301,8 @@ def build_dp_schedule(
         microbatch_order=microbatch_order,
         balance_growth=balance_growth,
         step_time_model=step_time_model,
+        pad_multiple=pad_multiple,
+        padded_rows=padded_rows,
     )
     return plan_schedule(lengths, config=config, groups=groups, cost_model=cost_model)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from megatron_dpsched.core.padding import planned_sizes
 from megatron_dpsched.core.planning import lower_bound_microbatches
 
 if TYPE_CHECKING:
@@ -71,7 +72,9 @@ def step_stats(schedule: DPSchedule, step: int) -> StepStats:
         step=step,
         num_samples=len(samples),
         num_microbatches=count,
-        lower_bound=lower_bound_microbatches([lengths[i] for i in samples], config=config),
+        lower_bound=lower_bound_microbatches(
+            planned_sizes([lengths[i] for i in samples], pad_multiple=config.pad_multiple), config=config
+        ),
         empty_microbatches=sum(1 for rank in per_rank for mb in rank if not mb),
         tokens=tokens,
         token_fill=0.0 if cap is None else _capped_tokens(per_rank, lengths, cap) / (count * schedule.dp_size * cap),

@@ -1,56 +1,97 @@
-"""Variable-length token corpora: JSONL (``{"tokens": [id, ...]}`` per line) or Megatron's indexed dataset."""
+"""Variable-length token corpora: JSONL rows of token ids (optionally masked) or Megatron's indexed dataset.
+
+Every dataset here is map-style: ``len(ds)``, ``ds[i] -> {"tokens", "labels"[, "loss_mask"]}`` (1-D
+tensors of the sample's length; ``loss_mask`` only where some position is not trained) and ``ds.lengths``
+(a ``Sequence[int]``, the sample lengths the planner packs: positions, masked ones included).
+
+* :class:`TokenJsonlDataset`: one row per line (``{"tokens"}``, ``{"tokens", "loss_mask"}`` or
+  ``{"input_ids", "labels"}``, see :mod:`.rows`), read by byte offset through a cached length index
+  (:mod:`.line_index`); never loaded whole.
+* :class:`IndexedTokenDataset`: Megatron's indexed dataset, with an optional *sidecar mask*
+  ``PREFIX_mask.bin``/``PREFIX_mask.idx``: an indexed dataset of 0/1 values (any integer dtype) holding one
+  sequence per token sequence, of the same length; value ``i`` says whether token ``i`` is a target (as
+  ``loss_mask`` of a JSONL row). Its sequence lengths are checked against the main index at start-up, its
+  values when a sample is read.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
+
+from megatron_dpsched.data.line_index import IntArrayView, LineReader, line_number_at, open_index
+from megatron_dpsched.data.rows import IGNORE_INDEX, parse_row, row_length, shifted
+
+MASK_SUFFIX = "_mask"
+"""``PREFIX`` + this is the sidecar mask of the indexed dataset ``PREFIX``."""
+
+
+def sample_tensors(tokens: np.ndarray, targets: np.ndarray | None, *, pad_ids: tuple[int, ...] = ()
+                   ) -> dict[str, torch.Tensor]:
+    """The training sample of a token row (see :func:`.rows.shifted`)."""
+    inputs, labels, mask = shifted(tokens, targets, pad_ids=pad_ids)
+    sample = {"tokens": torch.from_numpy(np.ascontiguousarray(inputs, dtype=np.int64)),
+              "labels": torch.from_numpy(np.ascontiguousarray(labels, dtype=np.int64))}
+    if mask is not None:
+        sample["loss_mask"] = torch.from_numpy(mask.astype(np.float32))
+    return sample
 
 
 class TokenJsonlDataset:
-    """Map-style dataset of variable-length samples: ``{"tokens", "labels"}`` 1-D long tensors.
+    """Map-style dataset of the rows of a JSONL file, read lazily by byte offset.
 
-    A line with ``L`` token ids is a sample of ``L - 1`` positions (input ``tokens[:-1]``,
-    labels ``tokens[1:]``); :attr:`lengths` holds those sample lengths.
+    A row with ``L`` token ids is a sample of ``L - 1`` positions (input ``tokens[:-1]``, labels the
+    targets ``[1:]``, ``loss_mask`` 0 where the target is ignored); :attr:`lengths` holds those lengths,
+    from the length index (built on first open and cached: see :mod:`.line_index`). Every row is
+    validated when the index is built, so a bad row fails at start-up with the file and line number.
     """
+
+    INDEX_KIND = "token-rows-v1"
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self._rows = [_parse_line(self.path, number, line)
-                      for number, line in enumerate(self.path.read_text().splitlines(), start=1)
-                      if line.strip()]
-        if not self._rows:
+        if not self.path.is_file():
+            raise ValueError(f"--data-path {self.path} does not exist")
+        self.index = open_index(self.path, kind=self.INDEX_KIND, measure=self._measure)
+        if len(self.index) == 0:
             raise ValueError(f"--data-path {self.path} holds no samples")
-        self.lengths = [row.numel() - 1 for row in self._rows]
+        self.lengths = IntArrayView(self.index.lengths)
+        self._reader = LineReader(self.path)
+
+    def _measure(self, line: bytes, number: int) -> tuple[int]:
+        return (row_length(line, path=self.path, line_number=number),)
 
     def __len__(self) -> int:
-        return len(self._rows)
+        return len(self.index)
+
+    def read_row(self, index: int) -> object:
+        """The parsed row of sample ``index`` (a bad line raises ``ValueError`` with its line number)."""
+        offset = int(self.index.offsets[index])
+        line = self._reader.read(offset)
+        try:
+            return parse_row(line, path=self.path, line_number=0)
+        except ValueError:
+            return parse_row(line, path=self.path, line_number=line_number_at(self.path, offset))
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        row = self._rows[index]
-        return {"tokens": row[:-1], "labels": row[1:]}
-
-
-def _parse_line(path: Path, number: int, line: str) -> torch.Tensor:
-    try:
-        tokens = json.loads(line)["tokens"]
-    except (json.JSONDecodeError, KeyError, TypeError) as error:
-        raise ValueError(f"--data-path {path}:{number}: expected {{\"tokens\": [ids]}} ({error})") from None
-    if len(tokens) < 2 or not all(isinstance(t, int) and t >= 0 for t in tokens):
-        raise ValueError(f"--data-path {path}:{number}: need at least 2 non-negative integer token ids")
-    return torch.tensor(tokens, dtype=torch.long)
+        row = self.read_row(index)
+        return sample_tensors(row.tokens, row.targets)
 
 
 class IndexedTokenDataset:
     """Megatron's indexed dataset (``PREFIX.bin`` + ``PREFIX.idx``), one sample per stored sequence.
 
     Same items as :class:`TokenJsonlDataset`; :attr:`lengths` comes from the index
-    (``sequence_lengths - 1``), so planning reads no token data.
+    (``sequence_lengths - 1``), so planning reads no token data. With a sidecar mask
+    ``PREFIX_mask.bin``/``.idx`` (see the module docstring; ``mask=False`` ignores it) samples carry its
+    ``loss_mask``.
     """
 
-    def __init__(self, path_prefix: str | Path) -> None:
+    def __init__(self, path_prefix: str | Path, *, mask: bool = True) -> None:
         from megatron.core.datasets.indexed_dataset import IndexedDataset
 
         self.path = Path(path_prefix)
@@ -62,13 +103,43 @@ class IndexedTokenDataset:
         if len(lengths) == 0 or int(lengths.min()) < 2:
             raise ValueError(f"--data-path {self.path}: every sequence needs at least 2 token ids")
         self.lengths = [int(n) - 1 for n in lengths]
+        self.mask_path = self.path.with_name(self.path.name + MASK_SUFFIX)
+        self._mask = _open_sidecar_mask(self.mask_path, lengths) if mask else None
 
     def __len__(self) -> int:
         return len(self.lengths)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        row = torch.from_numpy(self._data[index].astype("int64"))
-        return {"tokens": row[:-1], "labels": row[1:]}
+        tokens = self._data[index].astype(np.int64)
+        if self._mask is None:
+            return sample_tensors(tokens, None)
+        mask = self._mask[index]
+        if not np.isin(mask, (0, 1)).all():
+            raise ValueError(f"--data-path {self.path}: sequence {index} of the sidecar mask {self.mask_path} "
+                             f"holds values other than 0 and 1")
+        return sample_tensors(tokens, np.where(mask.astype(bool), tokens, IGNORE_INDEX))
+
+
+def _open_sidecar_mask(prefix: Path, lengths: np.ndarray) -> object | None:
+    """The sidecar mask's indexed dataset, if both its files exist; it must match the main index."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    present = [prefix.with_name(prefix.name + suffix).is_file() for suffix in (".bin", ".idx")]
+    if not any(present):
+        return None
+    if not all(present):
+        raise ValueError(f"--data-path: the sidecar mask {prefix} needs both {prefix.name}.bin and .idx")
+    mask = IndexedDataset(str(prefix))
+    mask_lengths = mask.sequence_lengths
+    if len(mask_lengths) != len(lengths):
+        raise ValueError(f"--data-path: the sidecar mask {prefix} holds {len(mask_lengths)} sequences, "
+                         f"the token index {len(lengths)}")
+    differ = np.flatnonzero(np.asarray(mask_lengths) != np.asarray(lengths))
+    if differ.size:
+        first = int(differ[0])
+        raise ValueError(f"--data-path: sequence {first} of the sidecar mask {prefix} has "
+                         f"{int(mask_lengths[first])} values for {int(lengths[first])} tokens")
+    return mask
 
 
 def open_corpus(path: str | Path) -> TokenJsonlDataset | IndexedTokenDataset:
@@ -79,15 +150,15 @@ def open_corpus(path: str | Path) -> TokenJsonlDataset | IndexedTokenDataset:
 
 
 class PaddedSampleDataset:
-    """``TokenJsonlDataset`` samples right-padded to ``seq_length`` (Megatron's fixed shape).
+    """Samples of any dataset here right-padded to ``seq_length`` (Megatron's fixed shape).
 
-    Items: ``tokens``, ``labels``, ``loss_mask`` (0 on padding), ``padding_mask`` (True on padding)
-    and ``position_ids``;
+    Items: ``tokens``, ``labels``, ``loss_mask`` (the sample's own, 0 on padding), ``padding_mask``
+    (True on padding) and ``position_ids``;
     causal attention needs no mask (right padding never precedes a real token).
     """
 
     def __init__(
-        self, samples: TokenJsonlDataset | IndexedTokenDataset, *, seq_length: int, pad_token_id: int = 0
+        self, samples: object, *, seq_length: int, pad_token_id: int = 0
     ) -> None:
         longest = max(samples.lengths)
         if longest > seq_length:
@@ -105,32 +176,46 @@ class PaddedSampleDataset:
         length = sample["tokens"].numel()
         pad = self.seq_length - length
         filler = torch.full((pad,), self.pad_token_id, dtype=torch.long)
+        mask = sample.get("loss_mask")
+        mask = torch.ones(length) if mask is None else mask.float()
         return {
             "tokens": torch.cat([sample["tokens"], filler]),
             "labels": torch.cat([sample["labels"], filler]),
-            "loss_mask": torch.cat([torch.ones(length), torch.zeros(pad)]),
+            "loss_mask": torch.cat([mask, torch.zeros(pad)]),
             "padding_mask": torch.arange(self.seq_length) >= length,
             "position_ids": torch.arange(self.seq_length),
         }
 
 
-def write_token_jsonl(path: str | Path, rows: Iterable[Sequence[int]]) -> Path:
-    """Write ``{"tokens": row}`` per line; returns the path."""
+def write_token_jsonl(path: str | Path, rows: Iterable[Sequence[int] | Mapping[str, Sequence[int]]]) -> Path:
+    """Write one JSONL row per item: a sequence of ids as ``{"tokens": row}``, a mapping (``tokens`` +
+    ``loss_mask``, ``input_ids`` + ``labels``) as it is; returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps({"tokens": list(map(int, row))}) + "\n" for row in rows))
+    with open(path, "w") as out:
+        for row in rows:
+            fields = {k: list(map(int, v)) for k, v in row.items()} if isinstance(row, Mapping) \
+                else {"tokens": list(map(int, row))}
+            out.write(json.dumps(fields) + "\n")
     return path
 
 
-def write_token_indexed(path_prefix: str | Path, rows: Iterable[Sequence[int]]) -> Path:
-    """Write rows as a Megatron indexed dataset (``PREFIX.bin``/``PREFIX.idx``); returns the prefix."""
-    import numpy
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-
+def write_token_indexed(path_prefix: str | Path, rows: Iterable[Sequence[int]], *,
+                        masks: Iterable[Sequence[int]] | None = None) -> Path:
+    """Write rows as a Megatron indexed dataset (``PREFIX.bin``/``PREFIX.idx``) and, with ``masks`` (0/1 per
+    token, one sequence per row), its sidecar mask ``PREFIX_mask.bin``/``.idx``; returns the prefix."""
     prefix = Path(path_prefix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=numpy.int32)
-    for row in rows:
-        builder.add_document(torch.tensor(list(row), dtype=torch.int32), [len(row)])
-    builder.finalize(f"{prefix}.idx")
+    _write_indexed(prefix, rows, dtype=np.int32)
+    if masks is not None:
+        _write_indexed(prefix.with_name(prefix.name + MASK_SUFFIX), masks, dtype=np.uint8)
     return prefix
+
+
+def _write_indexed(prefix: Path, rows: Iterable[Sequence[int]], *, dtype: type) -> None:
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=dtype)
+    for row in rows:
+        builder.add_document(torch.from_numpy(np.asarray(list(row), dtype=dtype)), [len(row)])
+    builder.finalize(f"{prefix}.idx")

@@ -9,7 +9,7 @@ and wraps ``megatron.training.training.train_step`` (:meth:`install`, after
      "iteration", "consumed_samples", "fingerprint", "micro_batches", "samples", "tokens", "padded_tokens",
      "real_tokens", "sum_sq_lengths", "padded_sum_sq", "step_time_s", "forward_backward_s", "grad_sync_s",
      "compute_s", "forward_backward_cpu_s", "grad_sync_cpu_s", "compute_cpu_s", "loss", "lr", "peak_memory_bytes",
-     "micro_batch_figures", "micro_batch_seconds" [, "micro_batch_ids"]}
+     "data_wait_s", "micro_batch_figures", "micro_batch_seconds" [, "micro_batch_ids"]}
 
 ``tokens`` are loss tokens (real sample positions), ``padded_tokens`` the
 positions the micro-batch tensors hold (padding included); ``loss`` is
@@ -36,7 +36,9 @@ micro-batch's loading. ``peak_memory_bytes`` is
 ``torch.cuda.max_memory_allocated()`` since the process started
 (``None`` without CUDA, as in the CPU dry run); ``iteration`` and
 ``consumed_samples`` Megatron's counters before the step, ``fingerprint`` the
-scheduled step's plan fingerprint (``None`` on the padded path); ``micro_batch_ids``
+scheduled step's plan fingerprint (``None`` on the padded path); ``data_wait_s`` the seconds
+the training thread waited for the step's plan and micro-batches (``StepFeed.step_wait_seconds``;
+``None`` on the padded path); ``micro_batch_ids``
 (scheduled batches only) the global sample ids of each micro-batch. :func:`write_plan`
 stores, next to them, what the planner gives for the same steps when asked again
 (``plan.rank<r>.json``).
@@ -150,10 +152,10 @@ class StepRecorder:
         self, seconds: float, loss_dict: Mapping[str, Any], lr: float | None, *, position: Mapping[str, int]
     ) -> None:
         """Append the step's line and start the next step."""
-        from megatron_dpsched.megatron.hooks import active_step
+        from megatron_dpsched.megatron.hooks import active_feed, active_step
 
         loss = loss_dict.get("lm loss") if loss_dict else None
-        scheduled = active_step()
+        scheduled, feed = active_step(), active_feed()
         record = {
             "step": self.step, **self.ranks, **position,
             "fingerprint": None if scheduled is None else scheduled.fingerprint,
@@ -163,6 +165,7 @@ class StepRecorder:
             "loss": None if loss is None else float(loss),
             "lr": lr,
             "peak_memory_bytes": torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None,
+            "data_wait_s": None if feed is None else feed.step_wait_seconds,
         }
         record["micro_batch_figures"] = [[b[3], b[4], b[2], b[5]] for b in self._batches]
         record["micro_batch_seconds"] = self._micro_batch_seconds()

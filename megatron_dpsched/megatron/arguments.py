@@ -29,15 +29,18 @@ from typing import Any
 from megatron_dpsched.core.config import ScheduleConfig
 from megatron_dpsched.core.cost import CostModel, CostModelFile
 from megatron_dpsched.core.steptime import StepTimeModel
+from megatron_dpsched.megatron.collate import gemm_alignment_for, pad_multiple_for
 
 BALANCE_CHOICES = ("cost", "tokens", "none")
 VERIFY_CHOICES = ("off", "check", "strict")
 ORDER_CHOICES = ("auto", "pipeline", "none")
 COLLATE_CHOICES = ("bshd", "thd")
 OBJECTIVE_CHOICES = ("step-time", "micro-batches")
+CAP_COUNTS_CHOICES = ("padded", "tokens")
 NOMINAL_FLOPS_PER_GPU = 4e14
 """Sustained FLOP/s of one GPU assumed by ``--dp-schedule-objective step-time``: with the cost model it turns
 FLOPs into seconds; only its ratio to ``--dp-schedule-microbatch-overhead-ms`` changes the plan."""
+PREFETCH_CHOICES = ("on", "off")
 
 _GROUP_FLAG = "--microbatch-group-size-per-virtual-pipeline-stage"
 
@@ -52,6 +55,8 @@ OPTION_DEFAULTS: dict[str, Any] = {
     "dp_schedule_objective": None,
     "dp_schedule_microbatch_overhead_ms": 2.0,
     "dp_schedule_cost_model": None,
+    "dp_schedule_prefetch": "on",
+    "dp_schedule_cap_counts": "padded",
 }
 """What each ``--dp-schedule-*`` option means when it is not given (the parser's defaults are ``None``, so
 a given option can be told from an unset one)."""
@@ -94,6 +99,13 @@ class DPScheduleOptions:
     cost_model_file: str | None = None
     """``--dp-schedule-cost-model``: a cost-model file (``megatron-dpsched calibrate``); balance ``cost`` then
     balances its per-sample cost and the step-time objective uses its step-time model."""
+    prefetch: bool = True
+    """``--dp-schedule-prefetch``: plan and collate the next step in a background thread while the
+    current one trains (at most one step ahead); ``off`` does both on the training thread."""
+    cap_counts: str = "padded"
+    """``--dp-schedule-cap-counts``: what the token cap bounds: ``padded`` (the collated micro-batch: every
+    sequence padded to the layout's multiple, :func:`pad_multiple_from_args`, and with ``bshd`` rows x the
+    longest row) or ``tokens`` (real tokens; the collated tensor may exceed the cap)."""
 
     @classmethod
     def from_args(cls, args: Any) -> DPScheduleOptions:
@@ -115,6 +127,8 @@ class DPScheduleOptions:
             objective=value("dp_schedule_objective"),
             microbatch_overhead_ms=value("dp_schedule_microbatch_overhead_ms"),
             cost_model_file=value("dp_schedule_cost_model"),
+            prefetch=value("dp_schedule_prefetch") == "on",
+            cap_counts=value("dp_schedule_cap_counts"),
         )
 
 
@@ -158,7 +172,8 @@ def add_dp_schedule_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
                        help="Micro-batch layout: packed sequences with cu_seqlens (thd: no padding; needs an "
                             "attention backend that takes packed sequences: Transformer Engine, or a --spec "
                             "layer spec) or padded rows (bshd: any attention backend; rows are padded to the "
-                            "micro-batch's longest sample, so the padded size can exceed the token cap). "
+                            "micro-batch's longest sample, which the token cap counts: rows x longest, see "
+                            "--dp-schedule-cap-counts). "
                             "Default: thd with --transformer-impl transformer_engine when Transformer Engine "
                             "is installed, else bshd.")
     group.add_argument("--dp-schedule-balance-growth", type=float, default=None,
@@ -181,6 +196,18 @@ def add_dp_schedule_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
                             "per sum of squared lengths and per micro-batch): balance cost balances its per-sample "
                             "cost instead of the FLOPs model, and the step-time objective uses its step-time model "
                             "instead of the nominal FLOP/s and --dp-schedule-microbatch-overhead-ms.")
+    group.add_argument("--dp-schedule-prefetch", choices=PREFETCH_CHOICES, default=None,
+                       help="on (default): plan and collate the next step in one background thread while the "
+                            "current step trains (at most one step ahead; errors are raised on the training "
+                            "thread when their micro-batch is due); off: both on the training thread. "
+                            "Results are the same either way.")
+    group.add_argument("--dp-schedule-cap-counts", choices=CAP_COUNTS_CHOICES, default=None,
+                       help="What --dp-schedule-max-tokens-per-gpu bounds. padded (default): the collated "
+                            "micro-batch, what memory and compute see: every sequence rounded up to the multiple "
+                            "the layout pads to (2 x CP, times TP with --sequence-parallel, and a multiple of 16 "
+                            "with --fp8-format, 32 with --fp8-recipe mxfp8 or --fp4-format), and with the bshd "
+                            "layout the row count times the longest row. tokens: real tokens only (the collated "
+                            "tensor can exceed the cap; bshd by several times).")
     return parser
 
 
@@ -209,6 +236,7 @@ def validate_dp_schedule_args(args: Any) -> None:
     _check_token_cap(options, args)
     _check_pipeline_layout(args)
     _refuse_conflicts(args)
+    _refuse_megatron_sft(args)
     _check_collate_format(options, args)
     cost_model_file_from_args(options)  # a bad file fails here, before any model is built
     schedule_config_from_args(args, data_parallel_size=getattr(args, "data_parallel_size", None) or 1)
@@ -272,6 +300,16 @@ def _check_collate_format(options: DPScheduleOptions, args: Any) -> None:
         raise ValueError("--dp-schedule-collate-format thd needs an attention backend that takes packed "
                          "sequences: Transformer Engine, or a layer spec given with --spec; --transformer-impl "
                          "local's attention does not")
+
+
+def _refuse_megatron_sft(args: Any) -> None:
+    """Megatron's ``--sft`` path packs conversations before the planner sees them; refuse it."""
+    if getattr(args, "sft", False):
+        raise ValueError("--sft cannot be combined with --dp-schedule: Megatron's SFTDataset packs conversations "
+                         "into --seq-length rows before planning (and --sft averages validation losses per "
+                         "micro-batch, which a planned step changes). Give the planner one conversation per "
+                         "sample instead: megatron_dpsched.data.ConversationJsonlDataset, which "
+                         "scripts/pretrain_gpt_dpsched.py --sft reads")
 
 
 def _check_pipeline_layout(args: Any) -> None:
@@ -356,10 +394,40 @@ def schedule_config_from_args(args: Any, *, data_parallel_size: int) -> Schedule
             microbatch_order=options.microbatch_order,
             balance_growth=options.balance_growth,
             step_time_model=step_time_model_from_args(args, options),
+            **padding_from_args(args, options),
         )
     except ValueError as error:
         flag = next((f for name, f in _PLANNER_FLAGS.items() if name in str(error)), "--dp-schedule")
         raise ValueError(f"{flag}: {error}") from None
+
+
+def pad_multiple_from_args(args: Any) -> int:
+    """The multiple collate pads every sequence to for this layout: :func:`~.collate.pad_multiple_for` of
+    TP, CP, ``--sequence-parallel`` and the FP8/FP4 GEMM alignment (``--fp8-format``, ``--fp8-recipe``,
+    ``--fp4-format``)."""
+    alignment = gemm_alignment_for(fp8=getattr(args, "fp8", None), fp8_recipe=getattr(args, "fp8_recipe", None),
+                                   fp4=getattr(args, "fp4", None))
+    return pad_multiple_for(tensor_parallel_size=getattr(args, "tensor_model_parallel_size", 1) or 1,
+                            context_parallel_size=getattr(args, "context_parallel_size", 1) or 1,
+                            sequence_parallel=bool(getattr(args, "sequence_parallel", False)),
+                            gemm_alignment=alignment)
+
+
+def counts_padding(options: DPScheduleOptions) -> bool:
+    """Whether the plan counts collate's padding against the cap (a token cap and ``--dp-schedule-cap-counts
+    padded``)."""
+    return options.max_tokens_per_gpu is not None and options.cap_counts == "padded"
+
+
+def padding_from_args(args: Any, options: DPScheduleOptions) -> dict[str, Any]:
+    """``pad_multiple`` and ``padded_rows`` of the plan: collate's multiple, and padded rows with ``bshd``,
+    when the cap counts padding; else ``1`` and ``False`` (real tokens; static batching has no cap)."""
+    if options.cap_counts not in CAP_COUNTS_CHOICES:
+        raise ValueError(f"--dp-schedule-cap-counts must be one of {', '.join(CAP_COUNTS_CHOICES)}; "
+                         f"got {options.cap_counts!r}")
+    if not counts_padding(options):
+        return {"pad_multiple": 1, "padded_rows": False}
+    return {"pad_multiple": pad_multiple_from_args(args), "padded_rows": options.collate_format == "bshd"}
 
 
 def resolve_objective(options: DPScheduleOptions, args: Any) -> str:

@@ -1,8 +1,12 @@
 """Collate one planned micro-batch of variable-length samples for Megatron's GPT model.
 
 A sample is a mapping with ``tokens`` and ``labels`` (1-D integer tensors of
-the sample's length) and optionally ``loss_mask`` (1-D, same length; default
-all ones). Two layouts:
+the sample's length) and optionally ``loss_mask`` (1-D, same length, 0/1 or
+bool; default all ones). Labels equal to ``IGNORE_INDEX`` (-100, Hugging Face's
+convention) are not trained either: their ``loss_mask`` is 0 and the label
+handed to the model is the padding id (a valid index). Masked positions still
+run through the model (the planner counts them); only the loss leaves them out,
+so the per-token loss divides by the unmasked tokens. Two layouts:
 
 * ``thd`` (packed): one row holding every sample back to back, ``position_ids``
   restarting per sample and a :class:`~megatron.core.packed_seq_params.PackedSeqParams`
@@ -58,24 +62,66 @@ class CollateConfig:
 
 
 def pad_multiple_for(
-    *, tensor_parallel_size: int, context_parallel_size: int, sequence_parallel: bool
+    *, tensor_parallel_size: int, context_parallel_size: int, sequence_parallel: bool, gemm_alignment: int = 1
 ) -> int:
-    """The sequence-length multiple Megatron needs: ``2 * CP`` chunks, times TP with sequence parallelism."""
+    """The sequence-length multiple Megatron needs: ``2 * CP`` chunks, times TP with sequence parallelism
+    (megatron-core 0.19's rule, ``models/multimodal/context_parallel.get_padding``), and a multiple of
+    ``gemm_alignment`` (the FP8/FP4 GEMM alignment, :func:`gemm_alignment_for`; their least common multiple:
+    megatron-core's rule pads for FP8 only without CP and SP, this never pads less)."""
     multiple = 2 * context_parallel_size if context_parallel_size > 1 else 1
     if sequence_parallel:
         multiple *= tensor_parallel_size
-    return multiple
+    return math.lcm(multiple, gemm_alignment)
+
+
+def gemm_alignment_for(*, fp8: str | None = None, fp8_recipe: str | None = None, fp4: str | None = None) -> int:
+    """Token multiple of megatron-core 0.19's low-precision GEMMs: ``--fp8-format`` 16 (32 with
+    ``--fp8-recipe mxfp8``, ``fp8_utils.get_fp8_align_size``), ``--fp4-format`` 32
+    (``fp4_utils.get_fp4_align_size``); 1 in higher precision."""
+    if fp8:
+        return 32 if fp8_recipe == "mxfp8" else 16
+    return 32 if fp4 else 1
+
+
+def require_padding_agreement(
+    *, pad_multiple: int, padded_rows: bool, collate: CollateConfig, counts_padding: bool
+) -> None:
+    """Raise ``ValueError`` unless the plan counts the padding collate adds (``counts_padding``: the same
+    multiple, and padded rows exactly for ``bshd``) or, with ``--dp-schedule-cap-counts tokens``, none."""
+    expected = (collate.pad_multiple, collate.format == "bshd") if counts_padding else (1, False)
+    if (pad_multiple, padded_rows) != expected:
+        raise ValueError(
+            f"--dp-schedule-cap-counts: the plan counts pad_multiple={pad_multiple}, padded_rows={padded_rows} but "
+            f"collate pads every sequence to a multiple of {collate.pad_multiple} in {collate.format} (expected "
+            f"pad_multiple={expected[0]}, padded_rows={expected[1]}); the token cap would not bound what is collated"
+        )
 
 
 def _round_up(value: int, multiple: int) -> int:
     return max(multiple, math.ceil(value / multiple) * multiple)
 
 
+IGNORE_INDEX = -100
+"""A label that is not trained (Hugging Face's and Megatron's ignore index)."""
+
+
 def _loss_mask(sample: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """The sample's ``loss_mask`` (ones if absent) as float, 0 where the label is ``IGNORE_INDEX``."""
+    length = sample["tokens"].numel()
     mask = sample.get("loss_mask")
     if mask is None:
-        return torch.ones(sample["tokens"].numel(), dtype=torch.float)
-    return mask.float()
+        mask = torch.ones(length, dtype=torch.float)
+    elif mask.numel() != length:
+        raise ValueError(f"a sample has {length} tokens but {mask.numel()} loss_mask entries")
+    else:
+        mask = mask.reshape(-1).float()
+    ignored = sample["labels"].reshape(-1) == IGNORE_INDEX
+    return mask.masked_fill(ignored, 0.0) if bool(ignored.any()) else mask
+
+
+def _labels(sample: Mapping[str, torch.Tensor], pad_token_id: int) -> torch.Tensor:
+    labels = sample["labels"].reshape(-1).long()
+    return labels.masked_fill(labels == IGNORE_INDEX, pad_token_id)
 
 
 def dummy_sample(length: int, *, pad_token_id: int = 0) -> dict[str, torch.Tensor]:
@@ -120,7 +166,7 @@ def _pad_sample(
     pad = dummy_sample(extra, pad_token_id=pad_token_id)
     return {
         "tokens": torch.cat([sample["tokens"].long(), pad["tokens"]]),
-        "labels": torch.cat([sample["labels"].long(), pad["labels"]]),
+        "labels": torch.cat([_labels(sample, pad_token_id), pad["labels"]]),
         "loss_mask": torch.cat([_loss_mask(sample), pad["loss_mask"]]),
     }
 

@@ -111,6 +111,11 @@ def active_step() -> StepBatches | None:
     return _active_step
 
 
+def active_feed() -> StepFeed | None:
+    """The feed of :func:`active_step`, if any."""
+    return _active_feed
+
+
 # --- 1. the forward-backward wrapper ---------------------------------------------------------
 
 
@@ -131,7 +136,7 @@ def scheduled_forward_backward(forward_backward_func: Callable[..., Any]) -> Cal
             return forward_backward_func(*args, **kwargs)
         check_data_parallel_size(feed)
         replay = is_replaying(kwargs["data_iterator"])
-        step = feed.current if replay else feed.begin_step()
+        step = feed.current if replay else begin_step_timed(feed)
         assert step is not None, "a rerun replays a step that has started"
         if not replay:
             agree_on_step(feed, step)
@@ -146,6 +151,22 @@ def scheduled_forward_backward(forward_backward_func: Callable[..., Any]) -> Cal
 
     run.dp_schedule_wrapped = forward_backward_func  # type: ignore[attr-defined]
     return run
+
+
+def begin_step_timed(feed: StepFeed) -> StepBatches:
+    """``feed.begin_step()`` inside Megatron's ``batch-generator`` timer (the wait for the step's plan, which
+    the forward step's reads do not see; with prefetching only what the background thread has not done)."""
+    from megatron.training import global_vars
+
+    timers = getattr(global_vars, "_GLOBAL_TIMERS", None)  # get_timers() asserts when unset
+    if timers is None:
+        return feed.begin_step()
+    timer = timers("batch-generator", log_level=2)
+    timer.start()
+    try:
+        return feed.begin_step()
+    finally:
+        timer.stop()
 
 
 def find_step_feed(data_iterator: Any) -> StepFeed | None:

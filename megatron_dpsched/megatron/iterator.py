@@ -29,15 +29,19 @@ naming the sample, both lengths, the step and the rank); and (in
 
 from __future__ import annotations
 
+import hashlib
 import time
 from abc import ABC, abstractmethod
+from array import array
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from megatron_dpsched.core import DPSchedule, ScheduleConfig, ScheduleInvariantError, plan_schedule
+from megatron_dpsched.core.sampling import SampleOrder
 from megatron_dpsched.core.validation import is_int, require_int, require_lengths
 from megatron_dpsched.megatron.collate import CollateConfig, collate_micro_batch
+from megatron_dpsched.megatron.prefetch import PreparedStep, StepPrefetcher
 
 SampleSource = Callable[[int], Mapping[str, Any]] | Sequence[Mapping[str, Any]]
 VERIFY_LEVELS = ("off", "check", "strict")
@@ -99,7 +103,7 @@ class StepFeed(ABC):
 
     def __init__(
         self, *, rank: int = 0, num_chunks: int = 1, collate: CollateConfig | None = None, verify: str = "off",
-        name: str = "train",
+        name: str = "train", prefetch: bool = False,
     ) -> None:
         if num_chunks < 1:
             raise ValueError(f"num_chunks must be >= 1; got {num_chunks}")
@@ -112,7 +116,13 @@ class StepFeed(ABC):
         self.steps_begun = 0
         self.chunks = [ChunkIterator(self, chunk) for chunk in range(num_chunks)]
         self.current: StepBatches | None = None
+        self.prefetch = prefetch
+        """Prepare the next step (plan, load, collate) in a background thread while this one trains."""
+        self.step_wait_seconds = 0.0
+        """Seconds the training thread waited for the current step's plan and micro-batches so far."""
         self._cache: dict[int, dict[str, Any]] = {}
+        self._deferred: tuple[int, BaseException] | None = None
+        self._prefetcher: StepPrefetcher | None = None
 
     @property
     @abstractmethod
@@ -138,12 +148,58 @@ class StepFeed(ABC):
 
     def begin_step(self) -> StepBatches:
         """Advance to the next step and rewind every chunk iterator to its first micro-batch."""
-        self.current = self._plan_next_step()
+        started = time.perf_counter()
+        prepared = self._next_prepared() if self.prefetch else PreparedStep(batches=self._plan_next_step())
+        if prepared.batches is None:
+            assert prepared.error is not None
+            raise prepared.error
+        self.current = prepared.batches
         self.steps_begun += 1
-        self._cache.clear()
+        self._cache = dict(prepared.micro_batches)
+        self._deferred = None if prepared.failed_at is None else (prepared.failed_at, prepared.error)
+        self._on_step_begun(self.current)
         for chunk in self.chunks:
             chunk.offset = 0
+        self.step_wait_seconds = time.perf_counter() - started
         return self.current
+
+    def _on_step_begun(self, batches: StepBatches) -> None:
+        """The training thread has begun ``batches`` (a feed advances its position here)."""
+        del batches  # nothing to advance in general
+
+    def _next_prepared(self) -> PreparedStep:
+        """The next step, prepared ahead (the first on this thread, then each in the background)."""
+        if self._prefetcher is None:
+            prepared = self._prepare_step()
+            self._prefetcher = StepPrefetcher(self._prepare_step, name=f"dp-schedule-{self.name}")
+            if prepared.batches is not None:
+                self._prefetcher.start()
+            return prepared
+        return self._prefetcher.take()
+
+    def _prepare_step(self) -> PreparedStep:
+        """Plan the next step and collate its micro-batches; what fails is kept, not raised."""
+        started = time.perf_counter()
+        try:
+            batches = self._plan_next_step()
+        except Exception as error:  # StopIteration too: raised when the step is due
+            return PreparedStep(error=error)
+        prepared = PreparedStep(batches=batches)
+        for index, ids in enumerate(batches.micro_batches):
+            try:
+                prepared.micro_batches[index] = self._collate(batches, ids)
+            except Exception as error:  # raised when micro-batch `index` is due, as without prefetching
+                error.add_note("(prepared ahead by --dp-schedule-prefetch; 'off' prepares on the training thread)")
+                prepared.error, prepared.failed_at = error, index
+                break
+        prepared.seconds = time.perf_counter() - started
+        return prepared
+
+    def close(self) -> None:
+        """Stop preparing ahead (drops a prepared step); the feed can go on without it."""
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+            self._prefetcher = None
 
     def end_step(self) -> None:
         """Close the step; with ``verify="strict"`` every chunk must have read every micro-batch."""
@@ -172,17 +228,34 @@ class StepFeed(ABC):
                 f"micro-batches; micro-batch {index} was requested"
             )
         if index not in self._cache:
-            ids = self.current.micro_batches[index]
-            samples = [self.load_sample(i) for i in ids]
-            for sample_id, sample in zip(ids, samples, strict=True):
-                self._check_length(sample_id, sample)
-            self._cache[index] = collate_micro_batch(samples, ids, self.collate)
+            if self._deferred is not None and self._deferred[0] == index:
+                raise self._deferred[1]
+            started = time.perf_counter()
+            self._cache[index] = self._collate(self.current, self.current.micro_batches[index])
+            self.step_wait_seconds += time.perf_counter() - started
         return self._cache[index]
 
-    def _check_length(self, sample_id: int, sample: Mapping[str, Any]) -> None:
-        """Raise ``ValueError`` if the sample is not as long as the plan says (the cap would not hold)."""
-        assert self.current is not None
-        where = f"dp-schedule step {self.current.step}, data-parallel rank {self.rank}: sample {sample_id}"
+    def _collate(self, batches: StepBatches, ids: tuple[int, ...]) -> dict[str, Any]:
+        """Load, check and collate one micro-batch of ``batches``."""
+        samples = []
+        for sample_id in ids:
+            try:
+                sample = self.load_sample(sample_id)
+            except Exception as error:
+                error.add_note(f"dp-schedule step {batches.step}, data-parallel rank {self.rank}: "
+                               f"loading sample {sample_id} failed")
+                raise
+            self._check_length(sample_id, sample, step=batches.step)
+            samples.append(sample)
+        return collate_micro_batch(samples, ids, self.collate)
+
+    def _check_length(self, sample_id: int, sample: Mapping[str, Any], *, step: int | None = None) -> None:
+        """Raise ``ValueError`` if the sample is not as long as the plan says (the cap would not hold);
+        ``step``: the step it belongs to (default: the current one)."""
+        if step is None:
+            assert self.current is not None
+            step = self.current.step
+        where = f"dp-schedule step {step}, data-parallel rank {self.rank}: sample {sample_id}"
         actual = sample["tokens"].numel()
         expected = self.planned_length(sample_id)
         if actual != expected:
@@ -220,6 +293,12 @@ class ScheduledDataIterator(StepFeed):
 
     The plan is checked (``DPSchedule.check()``) when the feed is built, whatever
     ``verify`` says: a broken shipped plan raises ``ValueError`` before any step.
+
+    Where it starts: ``start_step``, or the step that begins after ``consumed_samples``
+    samples of the plan (the plan's ``step_num_samples`` tell which; a count inside a step is
+    refused). ``consumed_samples="megatron"`` reads Megatron's ``consumed_train_samples`` when
+    the first step begins (after ``setup_model_and_optimizer`` has loaded a checkpoint), for a
+    plan that covers the job from its first step. Neither: step 0.
     """
 
     length_source = "the shipped plan's lengths"
@@ -230,7 +309,8 @@ class ScheduledDataIterator(StepFeed):
         *,
         rank: int,
         samples: SampleSource,
-        start_step: int = 0,
+        start_step: int | None = None,
+        consumed_samples: int | str | None = None,
         **feed_kwargs: Any,
     ) -> None:
         super().__init__(rank=rank, **feed_kwargs)
@@ -240,12 +320,41 @@ class ScheduledDataIterator(StepFeed):
             raise ValueError(f"dp-schedule: the shipped plan is broken: {error}") from None
         if not is_int(rank) or not 0 <= rank < schedule.dp_size:
             raise ValueError(f"rank {rank!r} is outside the schedule's dp_size={schedule.dp_size}")
-        if not is_int(start_step) or not 0 <= start_step <= schedule.num_steps:
+        if start_step is not None and consumed_samples is not None:
+            raise ValueError("give start_step or consumed_samples, not both")
+        if start_step is not None and (not is_int(start_step) or not 0 <= start_step <= schedule.num_steps):
             raise ValueError(f"start_step={start_step!r} is outside the plan's {schedule.num_steps} steps")
+        if consumed_samples is not None and consumed_samples != "megatron":
+            start_step = self.step_after(require_int("consumed_samples", consumed_samples, minimum=0),
+                                         schedule=schedule)
+        elif consumed_samples is None and start_step is None:
+            start_step = 0  # a shipped plan starts at its own step 0 unless told otherwise
         self.schedule = schedule
         self._get = _sample_getter(samples)
-        self.start_step = start_step
-        self.next_step = start_step
+        self._start_step = start_step
+        self.next_step: int | None = start_step
+
+    @staticmethod
+    def step_after(consumed_samples: int, *, schedule: DPSchedule) -> int:
+        """The step of ``schedule`` that begins after ``consumed_samples`` samples; ``ValueError`` inside a step."""
+        position = 0
+        for step, count in enumerate(schedule.step_num_samples):
+            if position == consumed_samples:
+                return step
+            if position + count > consumed_samples:
+                raise ValueError(f"consumed_samples={consumed_samples} falls inside step {step} of the shipped plan "
+                                 f"(samples {position}..{position + count - 1}); a resume starts at a step boundary")
+            position += count
+        if position == consumed_samples:
+            return schedule.num_steps
+        raise ValueError(f"consumed_samples={consumed_samples} is beyond the shipped plan's {position} samples")
+
+    @property
+    def start_step(self) -> int:
+        """The first step this feed trains (resolved from Megatron's ``consumed_train_samples`` if asked)."""
+        if self._start_step is None:
+            self._start_step = self.step_after(_megatron_consumed_train_samples(), schedule=self.schedule)
+        return self._start_step
 
     @property
     def dp_size(self) -> int:
@@ -257,6 +366,7 @@ class ScheduledDataIterator(StepFeed):
 
     def reset(self) -> None:
         """Start again from ``start_step``."""
+        self.close()
         self.next_step = self.start_step
         self.current = None
         self._cache.clear()
@@ -268,6 +378,8 @@ class ScheduledDataIterator(StepFeed):
         return self.schedule.lengths[sample_id]
 
     def _plan_next_step(self) -> StepBatches:
+        if self.next_step is None:
+            self.next_step = self.start_step
         step = self.next_step
         if step >= self.schedule.num_steps:
             raise StopIteration(f"the schedule has {self.schedule.num_steps} steps")
@@ -282,12 +394,24 @@ class ScheduledDataIterator(StepFeed):
         )
 
 
+def _megatron_consumed_train_samples() -> int:
+    """Megatron's ``args.consumed_train_samples`` (0 without Megatron's global arguments)."""
+    from megatron.training import global_vars
+
+    args = getattr(global_vars, "_GLOBAL_ARGS", None)  # get_args() asserts when unset
+    return int(getattr(args, "consumed_train_samples", 0) or 0)
+
+
 class ScheduledDatasetLoader(StepFeed):
     """Feed that plans each step from a map-style dataset with known per-sample lengths.
 
     ``lengths`` are validated once, when the feed is built (a ``ValueError`` names the
     first bad entry); ``schedule_kwargs`` are ``build_dp_schedule``'s keyword arguments
     but ``lengths`` (``cost_model`` included), validated once as a ``ScheduleConfig``.
+    ``order`` says which sample sits at each position of the stream (default: one pass in
+    dataset order; :class:`~megatron_dpsched.core.sampling.SampleOrder` gives cyclic epochs
+    and groups); step after step takes the next ``global_batch_size`` samples (groups) from
+    ``consumed_samples`` on, so a resume from any position continues with the same plans.
     """
 
     length_source = "the dataset's lengths"
@@ -300,6 +424,7 @@ class ScheduledDatasetLoader(StepFeed):
         rank: int,
         schedule_kwargs: Mapping[str, Any],
         consumed_samples: int = 0,
+        order: SampleOrder | None = None,
         **feed_kwargs: Any,
     ) -> None:
         super().__init__(rank=rank, **feed_kwargs)
@@ -312,9 +437,15 @@ class ScheduledDatasetLoader(StepFeed):
             raise ValueError(f"rank {rank!r} is outside dp_size={self.config.dp_size}")
         self._get = _sample_getter(dataset)
         self.lengths = require_lengths(lengths, name=f"{type(dataset).__name__}.lengths")
+        self.order = SampleOrder(len(self.lengths)) if order is None else order
+        if self.order.num_samples != len(self.lengths):
+            raise ValueError(f"the sample order covers {self.order.num_samples} samples, the dataset "
+                             f"{len(self.lengths)}")
         self.global_batch_size = self.config.global_batch_size
         self.start_consumed_samples = require_int("consumed_samples", consumed_samples, minimum=0)
         self.consumed_samples = consumed_samples
+        """Samples of the steps begun so far (Megatron's ``consumed_samples`` after the current step)."""
+        self._cursor = consumed_samples  # where the next step to plan starts (ahead with prefetching)
 
     @property
     def dp_size(self) -> int:
@@ -326,7 +457,8 @@ class ScheduledDatasetLoader(StepFeed):
 
     def reset(self) -> None:
         """Start again from the ``consumed_samples`` given at construction."""
-        self.consumed_samples = self.start_consumed_samples
+        self.close()
+        self.consumed_samples = self._cursor = self.start_consumed_samples
         self.current = None
         self._cache.clear()
 
@@ -338,28 +470,42 @@ class ScheduledDatasetLoader(StepFeed):
 
     def plan_step_at(self, consumed_samples: int) -> tuple[StepBatches, DPSchedule]:
         """The step that starts after ``consumed_samples`` samples (this rank's part, and the plan)."""
-        total = len(self.lengths)
-        if consumed_samples >= total:
-            raise StopIteration(f"all {total} samples consumed")
-        stop = min(consumed_samples + self.global_batch_size, total)
+        ids, groups = self.order.take(consumed_samples, self.global_batch_size)
+        if not ids:
+            raise StopIteration(f"all {len(self.lengths)} samples consumed")
         start_time = time.perf_counter()
-        plan = plan_schedule(self.lengths[consumed_samples:stop], config=self.config, cost_model=self.cost_model)
+        plan = plan_schedule([self.lengths[i] for i in ids], config=self.config, groups=groups,
+                             cost_model=self.cost_model)
         seconds = time.perf_counter() - start_time
         assert plan.num_steps == 1, "one global batch plans as one step"
         local = plan.rank_step_micro_batches(self.rank, 0)
+        fingerprint = plan.step_fingerprint(0, first_sample=consumed_samples)
         batches = StepBatches(
             step=consumed_samples // self.global_batch_size,
-            micro_batches=tuple(tuple(consumed_samples + i for i in mb) for mb in local),
+            micro_batches=tuple(tuple(ids[i] for i in mb) for mb in local),
             num_samples=plan.step_num_samples[0],
-            fingerprint=plan.step_fingerprint(0, first_sample=consumed_samples),
+            fingerprint=fingerprint if self._in_dataset_order() else _with_ids(fingerprint, ids),
             plan=plan,
             plan_seconds=seconds,
         )
         return batches, plan
 
+    def _in_dataset_order(self) -> bool:
+        return not self.order.cyclic and self.order.units is None
+
     def _plan_next_step(self) -> StepBatches:
-        batches, plan = self.plan_step_at(self.consumed_samples)
+        batches, plan = self.plan_step_at(self._cursor)
         if self.verify != "off":
             plan.check()
-        self.consumed_samples += plan.step_num_samples[0]
+        self._cursor += plan.step_num_samples[0]
         return batches
+
+    def _on_step_begun(self, batches: StepBatches) -> None:
+        self.consumed_samples += batches.num_samples
+
+
+def _with_ids(fingerprint: int, ids: Sequence[int]) -> int:
+    """``fingerprint`` mixed with the dataset ids the step's positions hold (a shuffled or grouped order)."""
+    digest = hashlib.blake2b(fingerprint.to_bytes(8, "little"), digest_size=8)
+    digest.update(array("q", ids).tobytes())
+    return int.from_bytes(digest.digest(), "little") >> 1

@@ -21,12 +21,15 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from megatron_dpsched.core.sampling import SampleOrder
 from megatron_dpsched.megatron.arguments import (
     DPScheduleOptions,
+    counts_padding,
+    pad_multiple_from_args,
     schedule_kwargs_from_args,
     validate_dp_schedule_args,
 )
-from megatron_dpsched.megatron.collate import CollateConfig, pad_multiple_for
+from megatron_dpsched.megatron.collate import CollateConfig, require_padding_agreement
 from megatron_dpsched.megatron.iterator import ScheduledDatasetLoader
 
 DatasetsProvider = Callable[..., tuple[Any, Any, Any]]
@@ -41,10 +44,23 @@ def setup_dp_schedule(args: Any) -> None:
     validate_dp_schedule_args(args)
     if not getattr(args, "dp_schedule", False):
         return
-    args.dataloader_type = "external"
+    if getattr(args, "dp_schedule_dataloader_type", None) is None:
+        args.dp_schedule_dataloader_type = dataloader_semantics(args.dataloader_type)
+    args.dataloader_type = "external"  # Megatron hands the feed's iterators through; the feed samples
     from megatron_dpsched.megatron.patch import enable
 
     enable()
+
+
+def dataloader_semantics(dataloader_type: str | None) -> str:
+    """What the feed does for ``--dataloader-type``: ``single`` (one pass in order, the default and what
+    ``external`` gets: the provider's datasets are read as they are) or ``cyclic`` (a seeded permutation
+    per epoch, wrapping around)."""
+    if dataloader_type in (None, "single", "external"):
+        return "single"
+    if dataloader_type == "cyclic":
+        return "cyclic"
+    raise ValueError(f"--dataloader-type must be single, cyclic or external; got {dataloader_type!r}")
 
 
 ROLES = ("train", "valid", "test")
@@ -113,31 +129,45 @@ def build_feed(
     from megatron.core import parallel_state as mpu
 
     lengths = _lengths_of(dataset)
-    _check_size(role, len(lengths), num_samples, args=args)
+    order = sample_order_from_args(args, num_samples=len(lengths), groups=getattr(dataset, "groups", None))
+    if not order.cyclic:
+        _check_size(role, len(lengths), num_samples, args=args)
     if role == "train":
         _warn_if_nothing_was_loaded(args)
     kwargs = schedule_kwargs_from_args(args, data_parallel_size=mpu.get_data_parallel_world_size())
     if role != "train":
         kwargs["global_batch_size"] = getattr(args, "eval_global_batch_size", None) or args.global_batch_size
+    options = DPScheduleOptions.from_args(args)
+    collate = collate_config_from_args(args)
+    require_padding_agreement(pad_multiple=kwargs["pad_multiple"], padded_rows=kwargs["padded_rows"], collate=collate,
+                              counts_padding=counts_padding(options))
     return ScheduledDatasetLoader(
         dataset,
         lengths=lengths,
         rank=mpu.get_data_parallel_rank(),
         schedule_kwargs=kwargs,
         consumed_samples=_start_of(role, args),
+        order=order,
         num_chunks=args.virtual_pipeline_model_parallel_size or 1,
-        collate=collate_config_from_args(args),
-        verify=DPScheduleOptions.from_args(args).verify,
+        collate=collate,
+        verify=options.verify,
         name=role,
+        prefetch=options.prefetch,
     )
 
 
+def sample_order_from_args(args: Any, *, num_samples: int, groups: Sequence[Any] | None = None) -> SampleOrder:
+    """The stream ``--dataloader-type`` gives (``cyclic``: permuted per epoch from ``--seed``); a dataset's
+    ``groups`` (a group id per sample) are kept whole and shuffled as units."""
+    semantics = getattr(args, "dp_schedule_dataloader_type", None) or dataloader_semantics(args.dataloader_type)
+    return SampleOrder(num_samples, cyclic=semantics == "cyclic", seed=int(args.seed), groups=groups)
+
+
 def collate_config_from_args(args: Any) -> CollateConfig:
-    """``--dp-schedule-collate-format`` with the sequence multiple the TP/SP/CP layout needs."""
-    multiple = pad_multiple_for(tensor_parallel_size=args.tensor_model_parallel_size,
-                                context_parallel_size=args.context_parallel_size,
-                                sequence_parallel=args.sequence_parallel)
-    return CollateConfig(format=DPScheduleOptions.from_args(args).collate_format, pad_multiple=multiple)
+    """``--dp-schedule-collate-format`` with the sequence multiple the TP/SP/CP/FP8 layout needs (the multiple
+    the plan counts, :func:`~megatron_dpsched.megatron.arguments.pad_multiple_from_args`)."""
+    return CollateConfig(format=DPScheduleOptions.from_args(args).collate_format,
+                         pad_multiple=pad_multiple_from_args(args))
 
 
 def _warn_if_nothing_was_loaded(args: Any) -> None:
@@ -151,7 +181,7 @@ def _warn_if_nothing_was_loaded(args: Any) -> None:
 
 
 def _check_size(role: str, available: int, needed: int | None, *, args: Any) -> None:
-    """One pass over the data (``--dataloader-type single`` semantics) must cover what Megatron will read."""
+    """One pass over the data (``--dataloader-type single``) must cover what Megatron will read."""
     if needed is None or available >= needed:
         return
     if role == "train":
@@ -160,7 +190,7 @@ def _check_size(role: str, available: int, needed: int | None, *, args: Any) -> 
     else:
         how = f"{needed} (--eval-iters x --eval-global-batch-size x evaluations, as Megatron counts them)"
     raise ValueError(f"dp-schedule: the {role} dataset holds {available} samples, but training reads {how}; "
-                     f"give more data or fewer iterations")
+                     f"give more data or fewer iterations (or --dataloader-type cyclic to read it again)")
 
 
 def _start_of(role: str, args: Any) -> int:
@@ -172,6 +202,10 @@ def _start_of(role: str, args: Any) -> int:
 
 
 def _lengths_of(dataset: Any) -> Sequence[int]:
+    if type(dataset).__name__ == "SFTDataset":
+        raise ValueError("--dp-schedule cannot plan Megatron's SFTDataset: it packs conversations into "
+                         "--seq-length rows; give one conversation per sample "
+                         "(megatron_dpsched.data.ConversationJsonlDataset) and let the planner pack")
     lengths = getattr(dataset, "lengths", None)
     if lengths is None or len(lengths) != len(dataset):
         raise ValueError(

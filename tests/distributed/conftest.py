@@ -15,7 +15,8 @@ REPO = HERE.parents[1]
 
 # One launch per world size: process start-up (imports) dominates, so scenarios share a launch.
 LAUNCHES: dict[str, tuple[int, tuple[str, ...]]] = {
-    "world2": (2, ("bad_layout", "dp2", "dp2_precomputed", "pp2", "pp2_vpp2", "dp2_partial_step", "dp2_static",
+    "world2": (2, ("bad_layout", "dp2", "dp2_precomputed", "dp2_precomputed_resumed", "dp2_prefetch", "pp2",
+                   "pp2_vpp2", "dp2_partial_step", "dp2_static",
                    "pp2_vpp2_static", "dp_mismatch", "lying_shorter", "lying_longer", "lying_shipped_plan",
                    "dp2_ranks_reordered", "dp2_ranks_larger", "pp2_ranks_reordered", "nan_loss")),
     "world4": (4, ("dp2_pp2",)),
@@ -24,6 +25,9 @@ LAUNCHES: dict[str, tuple[int, tuple[str, ...]]] = {
                      "cp2_bshd", "cp2_thd", "dp2_distributed_optimizer", "dp2_bf16")),
     "layouts4": (4, ("dp2_tp2", "dp2_cp2_thd")),
     "references": (1, ("reference_rope", "reference_adam", "reference_bf16")),
+    "moe2": (2, ("moe_dp2_alltoall", "moe_dp2_allgather", "moe_pp2_alltoall", "moe_dp2_ep2")),
+    "moe_own_path2": (2, ("moe_aux_dp2_own_path", "moe_aux_pp2_own_path", "mtp_dp2_own_path")),
+    "moe_references": (1, ("moe_reference",)),
 }
 LAUNCH_TIMEOUT_S = 600
 

@@ -6,6 +6,7 @@ Used inside the processes spawned by :mod:`tests.distributed.launcher`.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import zlib
 from collections.abc import Sequence
@@ -167,7 +168,17 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
         max_sequence_length=args.max_position_embeddings, pre_process=pre_process,
         post_process=post_process, share_embeddings_and_output_weights=False,
         position_embedding_type=args.position_embedding_type, vp_stage=vp_stage, pg_collection=pg_collection,
+        mtp_block_spec=_mtp_block_spec(args, config, spec, vp_stage),
     )
+
+
+def _mtp_block_spec(args: Any, config: Any, spec: Any, vp_stage: int | None) -> Any:
+    """Megatron's local multi-token prediction block spec with ``--mtp-num-layers``, else ``None``."""
+    if args.mtp_num_layers is None:
+        return None
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_mtp_block_spec
+
+    return get_gpt_mtp_block_spec(config, spec, use_transformer_engine=False, vp_stage=vp_stage)
 
 
 def build_model_and_optimizer() -> tuple[list[Any], Any, Any]:
@@ -231,7 +242,7 @@ def gather_full(tensor: torch.Tensor, param: torch.nn.Parameter) -> torch.Tensor
 
 
 def global_named_parameters(model: Sequence[Any]) -> dict[str, torch.nn.Parameter]:
-    """Parameters keyed by a layout-independent name (global decoder layer numbers)."""
+    """Parameters keyed by a layout-independent name (global decoder layer and expert numbers)."""
     from megatron.core.utils import unwrap_model
 
     named = {}
@@ -244,8 +255,24 @@ def global_named_parameters(model: Sequence[Any]) -> dict[str, torch.nn.Paramete
                 if name.startswith(local):
                     name = glob + name[len(local):]
                     break
-            named[name] = param
+            named[global_expert_name(name)] = param
     return named
+
+
+_LOCAL_EXPERT = re.compile(r"\.local_experts\.(\d+)\.")
+
+
+def global_expert_name(name: str) -> str:
+    """Expert parallelism: local expert ``j`` on expert-parallel rank ``r`` is global expert ``r * E_local + j``."""
+    match = _LOCAL_EXPERT.search(name)
+    if match is None:
+        return name
+    from megatron.core import parallel_state
+    from megatron.training.global_vars import get_args
+
+    ep = parallel_state.get_expert_model_parallel_world_size()
+    number = parallel_state.get_expert_model_parallel_rank() * (get_args().num_experts // ep) + int(match[1])
+    return f"{name[:match.start()]}.local_experts.{number}.{name[match.end():]}"
 
 
 def env_for_rank(rank: int, world_size: int) -> None:

@@ -25,15 +25,20 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 HERE = Path(__file__).resolve().parent
+SCENARIO_MODULES = ("scenarios", "scenarios_layouts", "scenarios_moe", "scenarios_masks")
+"""The modules whose ``SCENARIOS`` (name -> function run in every process) a launch can run."""
 REPO = HERE.parents[1]
 
 
 def _worker(rank: int, world_size: int, out: str, scenarios: list[str], init_file: str) -> None:
     sys.path[:0] = [str(REPO), str(HERE)]
     warnings.filterwarnings("ignore")
+    import importlib
+
     import harness
-    from scenarios import SCENARIOS
-    from scenarios_layouts import SCENARIOS as LAYOUT_SCENARIOS
+
+    known = {name: run for module in SCENARIO_MODULES
+             for name, run in importlib.import_module(module).SCENARIOS.items()}
 
     from megatron_dpsched.megatron import cpu_shim
 
@@ -45,7 +50,7 @@ def _worker(rank: int, world_size: int, out: str, scenarios: list[str], init_fil
     for name in scenarios:
         path = Path(out) / f"{name}.rank{rank}.pt"
         try:
-            torch.save({"ok": True, "result": {**SCENARIOS, **LAYOUT_SCENARIOS}[name]()}, path)
+            torch.save({"ok": True, "result": known[name]()}, path)
         except BaseException:  # noqa: BLE001 - reported to pytest
             torch.save({"ok": False, "error": traceback.format_exc()}, path)
             os._exit(1)

@@ -109,7 +109,7 @@ def _recording_forward_step(records: list[tuple[int, int, tuple[int, ...]]],
 
 
 def _loader(args: Any, *, num_chunks: int, consumed_samples: int = 0, num_samples: int | None = None,
-            lengths: Any = None) -> Any:
+            lengths: Any = None, prefetch: bool = False) -> Any:
     from megatron.core import parallel_state
 
     from megatron_dpsched.megatron import ScheduledDatasetLoader, schedule_kwargs_from_args
@@ -125,10 +125,11 @@ def _loader(args: Any, *, num_chunks: int, consumed_samples: int = 0, num_sample
         num_chunks=num_chunks,
         collate=collate_config_from_args(args),
         verify=args.dp_schedule_verify,
+        prefetch=prefetch,
     )
 
 
-def _precomputed(args: Any, *, num_chunks: int) -> Any:
+def _precomputed(args: Any, *, num_chunks: int, resume: bool = False) -> Any:
     """A shipped plan (JSON round trip) with an extra empty micro-batch per rank and step."""
     import json
 
@@ -150,7 +151,7 @@ def _precomputed(args: Any, *, num_chunks: int) -> Any:
     return ScheduledDataIterator(
         DPSchedule.from_dict(shipped), rank=parallel_state.get_data_parallel_rank(),
         samples=harness.make_sample, num_chunks=num_chunks, collate=CollateConfig(format="bshd"),
-        verify=args.dp_schedule_verify,
+        verify=args.dp_schedule_verify, consumed_samples="megatron" if resume else None, prefetch=resume,
     )
 
 
@@ -165,10 +166,16 @@ def _evaluate_first_batch(model: Any, feed: Any) -> float | None:
 
 
 def run_training(layout: Layout, *, reference: bool = False, precomputed: bool = False,
-                 num_samples: int | None = None) -> dict[str, Any]:
+                 num_samples: int | None = None, make_feed: Callable[[Any, int], Any] | None = None,
+                 prefetch: bool = False, resume: bool = False) -> dict[str, Any]:
     """Megatron's real ``train()`` (hence ``train_step``) for TRAIN_ITERS scheduled steps.
 
     ``num_samples``: train on the first ``num_samples`` samples only (a short trailing step).
+    ``make_feed(args, num_chunks)``: the training feed (and, built afresh, the evaluation feed) instead of
+    the default ones (with ``reference``: the reference's).
+    ``prefetch``: the loader prepares each next step in its background thread. ``resume`` (a shipped
+    plan): Megatron's counters say step 0 was trained (as a checkpoint load sets them), and the feed
+    finds its first step from ``consumed_train_samples`` itself.
     """
     from megatron.core import parallel_state
     from megatron.core.utils import get_model_config
@@ -183,12 +190,16 @@ def run_training(layout: Layout, *, reference: bool = False, precomputed: bool =
         model, optimizer, scheduler = harness.build_model_and_optimizer()
         params = harness.global_named_parameters(model)
         recorder = _GradRecorder(optimizer, params)
-        if reference:
+        if make_feed is not None:
+            feed = make_feed(args, len(model))
+        elif reference:
             feed = WholeBatchFeed.build(TRAIN_ITERS)
         elif precomputed:
-            feed = _precomputed(args, num_chunks=len(model))
+            feed = _precomputed(args, num_chunks=len(model), resume=resume)
+            if resume:
+                args.iteration, args.consumed_train_samples = 1, feed.schedule.step_num_samples[0]
         else:
-            feed = _loader(args, num_chunks=len(model), num_samples=num_samples)
+            feed = _loader(args, num_chunks=len(model), num_samples=num_samples, prefetch=prefetch)
         records: list[tuple[int, int, tuple[int, ...]]] = []
         positions: list[int] = []
         flops = _FlopsRecorder()
@@ -216,16 +227,22 @@ def run_training(layout: Layout, *, reference: bool = False, precomputed: bool =
             "hook_mode": harness.hook_mode(),
             "training_file": harness.training_file(),
         }
-        eval_feed = WholeBatchFeed.build(1) if reference else _loader(args, num_chunks=len(model))
+        if make_feed is not None:
+            eval_feed = make_feed(args, len(model))
+        else:
+            eval_feed = WholeBatchFeed.build(1) if reference else _loader(args, num_chunks=len(model))
         result["eval_loss"] = _evaluate_first_batch(model, eval_feed)
-        if precomputed:
+        if make_feed is not None:
+            result.update({} if reference else _plans(feed))
+        elif precomputed:
             result["plan_micro_batches"] = [feed.schedule.rank_step_micro_batches(feed.rank, s)
                                             for s in range(TRAIN_ITERS)]
             result["plan_num_samples"] = list(feed.schedule.step_num_samples)
-        elif num_samples is not None:
+        elif num_samples is not None or prefetch:
             result.update(_plans(feed))
         elif not reference:
             result.update(_plans_and_resume(args, feed, num_chunks=len(model)))
+        feed.close()
         return result
     finally:
         harness.remove_hooks()
@@ -395,6 +412,8 @@ def nan_loss() -> dict[str, Any]:
 SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
     "dp2": lambda: run_training(Layout()),
     "dp2_precomputed": lambda: run_training(Layout(), precomputed=True),
+    "dp2_precomputed_resumed": lambda: run_training(Layout(), precomputed=True, resume=True),
+    "dp2_prefetch": lambda: run_training(Layout(), prefetch=True),
     "pp2": lambda: run_training(Layout(pp=2)),
     "pp2_vpp2": lambda: run_training(Layout(pp=2, vpp=2)),
     "dp2_pp2": lambda: run_training(Layout(pp=2)),

@@ -19,7 +19,7 @@ def test_indexed_and_jsonl_inputs_give_the_datasets_lengths(tmp_path, capsys) ->
     prefix = write_token_indexed(tmp_path / "corpus", ROWS)
     jsonl = write_token_jsonl(tmp_path / "corpus.jsonl", ROWS)
     expected = [len(row) - 1 for row in ROWS]
-    assert IndexedTokenDataset(prefix).lengths == TokenJsonlDataset(jsonl).lengths == expected
+    assert list(IndexedTokenDataset(prefix).lengths) == list(TokenJsonlDataset(jsonl).lengths) == expected
     for name in (str(prefix), f"{prefix}.bin", f"{prefix}.idx"):
         assert load_sample_lengths(name) == (expected, "indexed dataset")
     assert load_sample_lengths(str(jsonl)) == (expected, "JSONL corpus")

@@ -85,3 +85,18 @@ def test_cpu_dry_run_starts_with_tensor_and_context_parallelism(tmp_path: Path, 
     records = [json.loads(line) for f in sorted((tmp_path / "stats").glob("rank*.jsonl"))
                for line in f.read_text().splitlines()]
     assert {r["step"] for r in records if "micro_batches" in r} == {0, 1}
+
+
+@pytest.mark.parametrize("scheduled", [True, False], ids=["dp-schedule", "megatron"])
+def test_without_a_validation_set_training_ends_cleanly(tmp_path: Path, scheduled: bool) -> None:
+    """Megatron's default --eval-iters with no validation data would evaluate a missing iterator."""
+    data = write_token_jsonl(tmp_path / "corpus.jsonl", corpus_rows())
+    argv = [*tiny_gpt_argv(), "--data-path", str(data), "--split", "100,0,0", "--global-batch-size", "8",
+            "--train-iters", "2", "--lr", "1e-3",
+            *(["--dp-schedule", "--dp-schedule-max-tokens-per-gpu", "48"] if scheduled else [])]
+    proc = torchrun(argv, nproc=2)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, errors(log)
+    assert "no validation data (--valid-data-path, or a --split share): validation is off (--eval-iters 100 -> 0)" \
+        in log
+    assert "iteration        2/       2" in log

@@ -19,7 +19,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _argv(corpus: Path, *extra: str, train_iters: int = 2) -> list[str]:
-    return [*tiny_gpt_argv(), "--data-path", str(corpus), "--global-batch-size", "8",
+    return [*tiny_gpt_argv(), "--data-path", str(corpus), "--split", "100,0,0", "--global-batch-size", "8",
             "--train-iters", str(train_iters), "--lr", "1e-3", "--eval-iters", "0", *extra]
 
 

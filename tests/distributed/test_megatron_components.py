@@ -180,7 +180,8 @@ def test_a_vpp_group_without_vpp_is_ignored_as_megatron_ignores_it(monkeypatch: 
     monkeypatch.setenv("WORLD_SIZE", "2")
 
     argv = harness.base_argv(extra=["--pipeline-model-parallel-size", "2",
-                                    "--microbatch-group-size-per-virtual-pipeline-stage", "1"])
+                                    "--microbatch-group-size-per-virtual-pipeline-stage", "1",
+                                    "--dp-schedule-cap-counts", "tokens"])  # the cap counts real tokens here
     args = harness.parse_megatron_args(argv)
     kwargs = schedule_kwargs_from_args(args, data_parallel_size=1)
     assert kwargs["microbatch_group_size_per_vp_stage"] is None and kwargs["pp_size"] == 2

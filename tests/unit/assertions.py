@@ -19,6 +19,15 @@ def legal(count: int, *, pp: int, vpp: int, group: int) -> bool:
     return pp <= group <= count and (count % group == 0 or count % group >= pp)
 
 
+def collated_tokens(micro_batch: Sequence[int], lengths: Sequence[int], *, pad_multiple: int, padded_rows: bool) -> int:
+    """What collate makes of a micro-batch, restated: each length rounded up to ``pad_multiple``; packed, their
+    sum; padded rows, the row count times the longest."""
+    padded = [(lengths[i] + pad_multiple - 1) // pad_multiple * pad_multiple for i in micro_batch]
+    if not padded:
+        return 0
+    return len(padded) * max(padded) if padded_rows else sum(padded)
+
+
 def assert_invariants(
     schedule: DPSchedule,
     lengths: Sequence[int],
@@ -53,7 +62,9 @@ def assert_invariants(
             for mb in batches:
                 # 2. caps
                 if config.max_tokens_per_gpu is not None and len(mb) > 1:
-                    assert sum(lengths[i] for i in mb) <= config.max_tokens_per_gpu * config.cp_size
+                    tokens = collated_tokens(mb, lengths, pad_multiple=config.pad_multiple,
+                                             padded_rows=config.padded_rows)
+                    assert tokens <= config.max_tokens_per_gpu * config.cp_size
                 if config.micro_batch_size is not None:
                     assert len(mb) <= config.micro_batch_size
                 for i in mb:

@@ -163,3 +163,14 @@ def test_progress_bar_on_request(tmp_path, capsys) -> None:
     assert main(["plan", _write(tmp_path, " ".join(map(str, LENGTHS))), *LAYOUT, "--progress"]) == 0
     err = capsys.readouterr().err
     assert "planning [" in err and "simulating [" in err and "100%" in err
+
+
+def test_with_a_pipeline_the_plan_minimises_the_simulated_step_time(capsys) -> None:
+    layout = ["--dp-size", "8", "--global-batch-size", "256", "--max-tokens-per-gpu", "1024", "--pp-size", "4",
+              "--microbatch-overhead", "0.001", "--json"]
+    totals = {}
+    for objective in ("step-time", "micro-batches"):
+        assert main(["plan", "megatron_dpsched/data/gsm8k_train.txt", *layout, "--objective", objective]) == 0
+        totals[objective] = json.loads(capsys.readouterr().out)["total"]["strategies"]["dpsched"]
+    assert totals["step-time"]["seconds"] < totals["micro-batches"]["seconds"]
+    assert totals["step-time"]["micro_batches"] > totals["micro-batches"]["micro_batches"]

@@ -1,0 +1,52 @@
+"""Megatron's fixed micro-batches and two first-fit plans (this project's earlier comparison baselines)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from megatron_dpsched.core.config import RankPlan, ScheduleConfig
+from megatron_dpsched.core.packing import first_fit, split_to_count
+
+
+def rank_slices(step: Sequence[int], dp: int) -> list[list[int]]:
+    """Contiguous, near-equal slices of a step, one per rank (how a sampler deals a global batch)."""
+    count = len(step)
+    return [list(step[r * count // dp : (r + 1) * count // dp]) for r in range(dp)]
+
+
+def megatron_fixed(
+    step: list[int], *, sizes: Sequence[int], costs: Sequence[float], config: ScheduleConfig
+) -> list[RankPlan]:
+    """Megatron's fixed micro-batch size: each rank cuts its contiguous slice into micro-batches
+    of ``micro_batch_size`` samples, the most that keeps a micro-batch of the longest sample
+    padded under the cap."""
+    micro_batch_size = max(1, config.token_cap // max(sizes))
+    slices = rank_slices(step, config.dp_size)
+    count = config.layout.align(max(math.ceil(len(s) / micro_batch_size) for s in slices))
+    plans = []
+    for items in slices:
+        bins = [items[i : i + micro_batch_size] for i in range(0, len(items), micro_batch_size)]
+        plans.append(bins + [[] for _ in range(count - len(bins))])
+    return plans
+
+
+def per_rank_first_fit(
+    step: list[int], *, sizes: Sequence[int], costs: Sequence[float], config: ScheduleConfig
+) -> list[RankPlan]:
+    """Each rank first-fits its contiguous slice in arrival order; the count is the all-reduced maximum."""
+    packed = [first_fit(items, sizes, config.token_cap) for items in rank_slices(step, config.dp_size)]
+    count = config.layout.align(max(len(bins) for bins in packed))
+    return [bins + [[] for _ in range(count - len(bins))] for bins in packed]
+
+
+def global_first_fit(
+    step: list[int], *, sizes: Sequence[int], costs: Sequence[float], config: ScheduleConfig
+) -> list[RankPlan]:
+    """One first fit of the whole step, the fullest micro-batches split to a legal multiple of
+    the DP size, dealt round-robin."""
+    dp = config.dp_size
+    bins = first_fit(step, sizes, config.token_cap)
+    count = config.layout.align(math.ceil(len(bins) / dp))
+    bins = split_to_count(bins, sizes, count * dp)
+    return [bins[r::dp] for r in range(dp)]

@@ -1,0 +1,40 @@
+"""Planned sizes: what collate makes of a sample and of a micro-batch (spec, "Planned sizes").
+
+A sample's planned size is its length rounded up to ``pad_multiple`` (the multiple collate pads
+every sequence to). A micro-batch's collated size is the sum of its samples' planned sizes
+(packed ``thd``), or with ``padded_rows`` (``bshd``: one row per sample, every row as long as the
+longest) its sample count times its longest planned size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def planned_sizes(lengths: Sequence[int], *, pad_multiple: int) -> tuple[int, ...]:
+    """Every length rounded up to a multiple of ``pad_multiple`` (the lengths themselves for 1)."""
+    if pad_multiple == 1:
+        return tuple(lengths)
+    return tuple(-(-length // pad_multiple) * pad_multiple for length in lengths)
+
+
+def collated_size(items: Sequence[int], sizes: Sequence[int], *, padded_rows: bool) -> int:
+    """Tokens of the collated micro-batch ``items`` (planned ``sizes``); 0 for an empty one."""
+    if not items:
+        return 0
+    if padded_rows:
+        return len(items) * max(sizes[i] for i in items)
+    return sum(sizes[i] for i in items)
+
+
+def room(*, count: int, fill: int, longest: int, cap: int, padded_rows: bool) -> int:
+    """The largest planned size that may still join a micro-batch of ``count`` samples, ``fill`` planned tokens
+    and longest planned size ``longest`` under ``cap`` (an empty one: 0, 0, 0); 0 or less when none may.
+
+    Padded rows: one more row fits iff ``(count + 1) * max(longest, size) <= cap``, that is iff
+    ``(count + 1) * longest <= cap`` and ``size <= cap // (count + 1)``.
+    """
+    if padded_rows:
+        rows = count + 1
+        return cap // rows if rows * longest <= cap else 0
+    return cap - fill

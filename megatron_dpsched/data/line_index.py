@@ -1,0 +1,185 @@
+"""A length index of a JSONL file: byte offset and token length of every sample, built once and cached.
+
+Reading a corpus never loads it whole: the index (numpy arrays, 16 bytes per sample) says where each
+sample's line starts and how many positions it has, so the planner gets every length at start-up and a
+sample's line is read (``seek`` + ``readline``) only when its micro-batch is collated.
+
+The index is stored as ``<file>.dpsched-index.npz`` beside the file or, when ``DPSCHED_CACHE_DIR`` is
+set, in that folder (named after a hash of the file's absolute path). It records the file's size and
+modification time (ns) and a *kind* string (the reader and what its lengths depend on, e.g. the
+tokenizer); a mismatch on any of them (the file was touched, appended to or rewritten, or read another
+way) rebuilds it. Where the index cannot be written (read-only folder) it is built in memory each time,
+with a warning. Several processes building it at once is safe (each writes its own temporary file and
+renames it into place).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import warnings
+from array import array
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+CACHE_DIR_ENV = "DPSCHED_CACHE_DIR"
+"""Environment variable naming a folder for length indexes (default: beside each file)."""
+INDEX_VERSION = 1
+SUFFIX = ".dpsched-index.npz"
+
+LineMeasure = Callable[[bytes, int], Sequence[int]]
+"""``measure(line, line_number)``: the lengths of the samples the line holds (validating it)."""
+
+
+@dataclass(frozen=True)
+class LineIndex:
+    """Where each sample of a JSONL file starts, which part of its line it is, and its length."""
+
+    offsets: np.ndarray
+    """int64 byte offset of the line holding each sample."""
+    parts: np.ndarray
+    """int32 index of the sample within its line (0 unless a line holds several, e.g. conversations)."""
+    lengths: np.ndarray
+    """int32 sample lengths (positions)."""
+    rebuilt: bool = False
+    """Whether this open built the index (``False``: read from the cache)."""
+
+    def __len__(self) -> int:
+        return int(self.lengths.size)
+
+
+def index_path(path: Path) -> Path:
+    """Where the index of ``path`` is cached."""
+    folder = os.environ.get(CACHE_DIR_ENV)
+    if not folder:
+        return path.with_name(path.name + SUFFIX)
+    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:16]
+    return Path(folder) / f"{digest}-{path.name}{SUFFIX}"
+
+
+def _stamp(path: Path, kind: str) -> dict[str, object]:
+    stat = path.stat()
+    return {"version": INDEX_VERSION, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "kind": kind,
+            "path": str(path.resolve())}
+
+
+def _load(cache: Path, stamp: dict[str, object]) -> LineIndex | None:
+    try:
+        with np.load(cache, allow_pickle=False) as stored:
+            if json.loads(str(stored["meta"])) != stamp:
+                return None
+            return LineIndex(stored["offsets"], stored["parts"], stored["lengths"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _save(cache: Path, index: LineIndex, stamp: dict[str, object]) -> None:
+    temporary = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        with open(temporary, "wb") as out:
+            np.savez(out, meta=np.array(json.dumps(stamp)), offsets=index.offsets, parts=index.parts,
+                     lengths=index.lengths)
+        os.replace(temporary, cache)
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)
+        warnings.warn(f"{cache}: cannot store the length index ({error}); it is rebuilt on every start. "
+                      f"Set {CACHE_DIR_ENV} to a writable folder", stacklevel=3)
+
+
+def iterate_lines(path: Path) -> Iterator[tuple[int, int, bytes]]:
+    """``(line_number, byte_offset, line)`` for every line of ``path`` (1-based numbers, blank lines too)."""
+    offset = 0
+    with open(path, "rb") as source:
+        for number, line in enumerate(source, start=1):
+            yield number, offset, line
+            offset += len(line)
+
+
+def build_index(path: Path, measure: LineMeasure) -> LineIndex:
+    """Read ``path`` once, measuring every non-blank line."""
+    offsets, parts, lengths = array("q"), array("i"), array("i")
+    for number, offset, line in iterate_lines(path):
+        if not line.strip():
+            continue
+        for part, length in enumerate(measure(line, number)):
+            offsets.append(offset)
+            parts.append(part)
+            lengths.append(length)
+    as_array = np.frombuffer
+    return LineIndex(as_array(offsets, dtype=np.int64), as_array(parts, dtype=np.int32),
+                     as_array(lengths, dtype=np.int32), rebuilt=True)
+
+
+def open_index(path: str | Path, *, kind: str, measure: LineMeasure) -> LineIndex:
+    """The cached index of ``path`` if it is fresh (same size, mtime and ``kind``), else a new one, stored."""
+    path = Path(path)
+    stamp = _stamp(path, kind)
+    cache = index_path(path)
+    index = _load(cache, stamp)
+    if index is not None:
+        return index
+    index = build_index(path, measure)
+    if _stamp(path, kind) == stamp:  # not changed while it was read
+        _save(cache, index, stamp)
+    return index
+
+
+def line_number_at(path: Path, offset: int) -> int:
+    """The 1-based number of the line starting at byte ``offset`` (for error messages only: reads the file)."""
+    count, done = 1, 0
+    with open(path, "rb") as source:
+        while done < offset:
+            chunk = source.read(min(1 << 20, offset - done))
+            if not chunk:
+                break
+            count += chunk.count(b"\n")
+            done += len(chunk)
+    return count
+
+
+class LineReader:
+    """Reads the line at a byte offset; reopens the file in a forked process (e.g. a loader worker)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file = None
+        self._pid = -1
+
+    def read(self, offset: int) -> bytes:
+        if self._file is None or self._pid != os.getpid():
+            self._file = open(self.path, "rb")  # noqa: SIM115 - kept open for the dataset's lifetime
+            self._pid = os.getpid()
+        self._file.seek(offset)
+        return self._file.readline()
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"path": self.path, "_file": None, "_pid": -1}
+
+
+class IntArrayView(Sequence[int]):
+    """A read-only ``Sequence[int]`` over a 1-D integer numpy array (items are Python ints, as the planner's
+    checks want); iterating converts it in chunks, never as one list."""
+
+    CHUNK = 1 << 16
+
+    def __init__(self, values: np.ndarray) -> None:
+        self.array = values
+
+    def __len__(self) -> int:
+        return int(self.array.size)
+
+    def __getitem__(self, index: int | slice) -> int | list[int]:  # type: ignore[override]
+        if isinstance(index, slice):
+            return self.array[index].tolist()
+        return int(self.array[index])
+
+    def __iter__(self) -> Iterator[int]:
+        for start in range(0, self.array.size, self.CHUNK):
+            yield from self.array[start:start + self.CHUNK].tolist()
