@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench_common import DEFAULT_LENGTHS_DIR, length_files  # noqa: E402
+from bench_common import DEFAULT_LENGTHS_DIR, length_files, update_marked_block  # noqa: E402
 
 from megatron_dpsched import CostModel, DPSchedule, ScheduleConfig, build_dp_schedule  # noqa: E402
 from megatron_dpsched.baselines import BASELINES, build_baseline_schedule, cap_violations  # noqa: E402
@@ -150,6 +150,26 @@ def losses(rows: list[Row], reference: str, tolerance: float = TOLERANCE) -> lis
     return out
 
 
+def summary(rows: list[Row]) -> str:
+    """Per layout and baseline: its summed step time over each project plan's (min / median / max over the
+    settings) and its worst step; above 1 the project is faster."""
+    lines = ["| layout | baseline | / dpsched: total min / median / max | worst step | "
+             "/ dpsched+steptime: total min / median / max | worst step | over cap |",
+             "|---|---|---|---:|---|---:|---:|"]
+    projects = {(row.setting, row.method): row for row in rows if row.method in PROJECTS}
+    for layout in dict.fromkeys(row.setting[3] for row in rows):
+        for method in dict.fromkeys(row.method for row in rows if row.method not in PROJECTS):
+            mine = [row for row in rows if row.method == method and row.setting[3] == layout]
+            cells = []
+            for project in PROJECTS:
+                pairs = [(row, projects[row.setting, project]) for row in mine]
+                totals = sorted(sum(r.step_seconds) / sum(p.step_seconds) for r, p in pairs)
+                worst = min(worst_step(r, p) for r, p in pairs)
+                cells += [f"{totals[0]:.3f} / {totals[len(totals) // 2]:.3f} / {totals[-1]:.3f}", f"{worst:.3f}"]
+            lines.append(f"| {layout} | {method} | " + " | ".join(cells) + f" | {sum(r.violations for r in mine)} |")
+    return "\n".join(lines)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lengths-dir", type=Path, default=DEFAULT_LENGTHS_DIR)
@@ -162,6 +182,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--reference", choices=PROJECTS, default=PROJECTS[0],
                         help="the project plan the ratios, the loss list and --check compare with")
     parser.add_argument("--markdown", type=Path, help="also write the table to this file")
+    parser.add_argument("--readme", type=Path, help="replace the summary between this file's bench_baselines markers")
     parser.add_argument("--check", action="store_true", help=f"exit 1 if the reference plan is > {TOLERANCE:.1%} "
                         "slower than a baseline on any step")
     return parser.parse_args(argv)
@@ -183,8 +204,14 @@ def main(argv: list[str] | None = None) -> int:
         for line in missed:
             print(f"  {line}")
     missed = losses(rows, args.reference)
+    text = summary(rows)
+    print("\n" + text)
     if args.markdown:
-        args.markdown.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        args.markdown.write_text("\n".join(lines) + "\n\n" + text + "\n", encoding="utf-8")
+    if args.readme:
+        footer = "\n".join(f"- {reference} slower than a baseline by > {TOLERANCE:.1%} on a step: "
+                           + ("; ".join(losses(rows, reference)) or "never") for reference in PROJECTS)
+        update_marked_block(args.readme, "bench_baselines", text + "\n\n" + footer)
     return 1 if args.check and missed else 0
 
 
