@@ -227,6 +227,15 @@ def _step_time_model(args: argparse.Namespace, model: object) -> StepTimeModel |
                                          seconds_per_microbatch=args.microbatch_overhead)
 
 
+def _planned_sizes(args: argparse.Namespace) -> dict[str, object]:
+    """What the cap bounds, as in training (``--dp-schedule-cap-counts padded``): each sample rounded up to
+    ``2 x CP`` with context parallelism, and with ``bshd`` rows x the longest row."""
+    if args.max_tokens_per_gpu is None:
+        return {}
+    return {"pad_multiple": 2 * args.cp_size if args.cp_size > 1 else 1,
+            "padded_rows": args.collate_format == "bshd"}
+
+
 def _config(args: argparse.Namespace, *, step_time_model: StepTimeModel | None = None) -> ScheduleConfig:
     try:
         return ScheduleConfig(
@@ -235,6 +244,7 @@ def _config(args: argparse.Namespace, *, step_time_model: StepTimeModel | None =
             cp_size=args.cp_size, pp_size=args.pp_size, vpp_size=args.vpp_size,
             microbatch_group_size_per_vp_stage=args.group_size, balance=args.balance,
             drop_last=args.drop_last, balance_growth=args.balance_growth, step_time_model=step_time_model,
+            **_planned_sizes(args),
         )
     except ValueError as error:
         raise ValueError(_as_flags(str(error))) from None

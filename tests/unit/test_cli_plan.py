@@ -174,3 +174,26 @@ def test_with_a_pipeline_the_plan_minimises_the_simulated_step_time(capsys) -> N
         totals[objective] = json.loads(capsys.readouterr().out)["total"]["strategies"]["dpsched"]
     assert totals["step-time"]["seconds"] < totals["micro-batches"]["seconds"]
     assert totals["step-time"]["micro_batches"] > totals["micro-batches"]["micro_batches"]
+
+
+def test_the_plan_bounds_what_training_collates(tmp_path, capsys) -> None:
+    """As in training (``--dp-schedule-cap-counts padded``): bshd counts rows x longest, CP rounds each sample."""
+    lengths = [1000, *[10 + (7 * i) % 81 for i in range(63)]]
+    path = tmp_path / "mixed.txt"
+    path.write_text("\n".join(map(str, lengths)))
+    out = tmp_path / "plan.json"
+    assert main(["plan", str(path), "--dp-size", "2", "--global-batch-size", "64", "--max-tokens-per-gpu", "1024",
+                 "--collate-format", "bshd", "-o", str(out)]) == 0
+    plan = json.loads(out.read_text())
+    for partition, micro_batches in zip(plan["partitions"], plan["micro_batch_indices"]):
+        for micro_batch in micro_batches:
+            ids = [partition[i] for i in micro_batch]
+            if len(ids) > 1:
+                assert len(ids) * max(lengths[i] for i in ids) <= 1024
+    even = tmp_path / "even.txt"
+    even.write_text("\n".join(["25"] * 40))
+    assert main(["plan", str(even), "--dp-size", "2", "--global-batch-size", "40", "--max-tokens-per-gpu", "64",
+                 "--cp-size", "2", "-o", str(out)]) == 0
+    plan = json.loads(out.read_text())
+    assert plan["config"]["pad_multiple"] == 4
+    capsys.readouterr()
