@@ -73,9 +73,14 @@ class TokenJsonlDataset:
         offset = int(self.index.offsets[index])
         line = self._reader.read(offset)
         try:
-            return parse_row(line, path=self.path, line_number=0)
+            row = parse_row(line, path=self.path, line_number=0)
         except ValueError:
-            return parse_row(line, path=self.path, line_number=line_number_at(self.path, offset))
+            row = parse_row(line, path=self.path, line_number=line_number_at(self.path, offset))
+        if row.num_positions != int(self.index.lengths[index]):
+            raise ValueError(f"{self.path}:{line_number_at(self.path, offset)}: the row has {row.num_positions} "
+                             f"positions, its length index says {int(self.index.lengths[index])}: the file changed "
+                             f"after the index was built; restart the job to rebuild it")
+        return row
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         row = self.read_row(index)

@@ -5,12 +5,14 @@ sample's line starts and how many positions it has, so the planner gets every le
 sample's line is read (``seek`` + ``readline``) only when its micro-batch is collated.
 
 The index is stored as ``<file>.dpsched-index.npz`` beside the file or, when ``DPSCHED_CACHE_DIR`` is
-set, in that folder (named after a hash of the file's absolute path). It records the file's size and
-modification time (ns) and a *kind* string (the reader and what its lengths depend on, e.g. the
+set, in that folder (named after a hash of the file's absolute path). It records the file's size,
+modification time (ns), a CRC of its first and last MiB (a same-size copy with the mtime preserved is
+another file) and a *kind* string (the reader and what its lengths depend on, e.g. the
 tokenizer); a mismatch on any of them (the file was touched, appended to or rewritten, or read another
 way) rebuilds it. Where the index cannot be written (read-only folder) it is built in memory each time,
 with a warning. Several processes building it at once is safe (each writes its own temporary file and
-renames it into place).
+renames it into place). Reading checks that each offset starts a line and (for token rows) that the row
+has its indexed length, so a file changed under a running job fails naming it instead of training the wrong rows.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import hashlib
 import json
 import os
 import warnings
+import zlib
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -29,7 +32,7 @@ import numpy as np
 
 CACHE_DIR_ENV = "DPSCHED_CACHE_DIR"
 """Environment variable naming a folder for length indexes (default: beside each file)."""
-INDEX_VERSION = 1
+INDEX_VERSION = 2
 SUFFIX = ".dpsched-index.npz"
 
 LineMeasure = Callable[[bytes, int], Sequence[int]]
@@ -62,10 +65,24 @@ def index_path(path: Path) -> Path:
     return Path(folder) / f"{digest}-{path.name}{SUFFIX}"
 
 
+CHECKED_BYTES = 1 << 20
+"""The index also records a CRC of the file's first and last MiB, so that a same-size copy with its mtime
+preserved (``cp -p``, ``rsync -a``) is not taken for the indexed file."""
+
+
+def _head_tail_crc(path: Path, size: int) -> int:
+    with open(path, "rb") as handle:
+        crc = zlib.crc32(handle.read(CHECKED_BYTES))
+        if size > CHECKED_BYTES:
+            handle.seek(max(CHECKED_BYTES, size - CHECKED_BYTES))
+            crc = zlib.crc32(handle.read(CHECKED_BYTES), crc)
+    return crc
+
+
 def _stamp(path: Path, kind: str) -> dict[str, object]:
     stat = path.stat()
     return {"version": INDEX_VERSION, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "kind": kind,
-            "path": str(path.resolve())}
+            "path": str(path.resolve()), "crc": _head_tail_crc(path, stat.st_size)}
 
 
 def _load(cache: Path, stamp: dict[str, object]) -> LineIndex | None:
@@ -156,7 +173,13 @@ class LineReader:
         if self._file is None or self._pid != os.getpid():
             self._file = open(self.path, "rb")  # noqa: SIM115 - kept open for the dataset's lifetime
             self._pid = os.getpid()
-        self._file.seek(offset)
+        if offset > 0:  # every indexed offset starts a line; anything else means the file changed
+            self._file.seek(offset - 1)
+            if self._file.read(1) != b"\n":
+                raise ValueError(f"{self.path} changed after its length index was built (byte {offset} does not "
+                                 f"start a line); restart the job to rebuild the index")
+        else:
+            self._file.seek(0)
         return self._file.readline()
 
     def __getstate__(self) -> dict[str, object]:

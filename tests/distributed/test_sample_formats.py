@@ -132,3 +132,14 @@ def test_a_line_corrupted_after_indexing_fails_with_its_line_number(tmp_path: Pa
     path.write_text(text)  # same size: an open dataset reads what is there now
     with pytest.raises(ValueError, match=rf"{path}:2: not a JSON object"):
         data[1]
+
+
+def test_a_row_whose_length_changed_under_its_index_fails_naming_the_file(tmp_path) -> None:
+    from megatron_dpsched.data.corpus import TokenJsonlDataset
+
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"tokens": [1, 2, 3]}\n{"tokens": [4, 5, 6]}\n')
+    dataset = TokenJsonlDataset(path)
+    path.write_text('{"tokens": [1, 2, 3]}\n{"tokens": [4, 5, 6, 7]}\n')  # a running job keeps its index
+    with pytest.raises(ValueError, match=r"d.jsonl:2: the row has 3 positions, its length index says 2"):
+        dataset[1]

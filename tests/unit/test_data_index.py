@@ -130,3 +130,32 @@ def test_rows_and_index_import_without_torch() -> None:
             "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron')]; "
             "sys.exit(1 if bad else 0)")
     assert subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2]).returncode == 0
+
+
+
+def _padded_row(tokens: list[int], width: int) -> str:
+    text = json.dumps({"tokens": tokens}, separators=(",", ":"))
+    return text + " " * (width - 1 - len(text)) + "\n"
+
+
+def test_a_same_size_copy_with_the_mtime_kept_is_reindexed(tmp_path) -> None:
+    """``cp -p`` / ``rsync -a`` of another file of the same size: the CRC tells them apart."""
+    path = tmp_path / "d.jsonl"
+    path.write_text(_padded_row([1, 2, 3], 60) + _padded_row([4, 5, 6], 60))
+    stat = os.stat(path)
+    assert len(_open(path)) == 2
+    path.write_text(_padded_row([7, 7, 7], 25) + _padded_row([8, 8, 8], 35) + _padded_row([9, 9, 9], 60))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # same size, same mtime, three rows
+    index = _open(path)
+    assert index.rebuilt and len(index) == 3 and list(index.offsets) == [0, 25, 60]
+
+
+def test_reading_an_offset_that_no_longer_starts_a_line_fails_naming_the_file(tmp_path) -> None:
+    from megatron_dpsched.data.line_index import LineReader
+
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"tokens": [1, 2, 3]}\n{"tokens": [4, 5, 6]}\n')
+    offset = int(_open(path).offsets[1])
+    path.write_text('{"tokens": [1, 2, 3, 4]}\n{"tokens": [4, 5, 6]}\n')  # a running job keeps its index
+    with pytest.raises(ValueError, match=f"{path.name} changed after its length index was built"):
+        LineReader(path).read(offset)
