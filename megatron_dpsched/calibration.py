@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron_dpsched.core.cost import CostModel, CostModelFile
+from megatron_dpsched.core.validation import is_int, is_real
 
 LENGTH_FIGURES = {"real": ("real_tokens", "sum_sq_lengths"), "padded": ("padded_tokens", "padded_sum_sq")}
 PART_COLUMNS = {"real": (0, 1), "padded": (2, 3)}
@@ -105,7 +106,11 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
         raise ValueError(f"{path}: no step records (a --step-stats-dir folder of rank*.jsonl files, or one file)")
     records = []
     for file in files:
-        for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), start=1):
+        try:
+            text = file.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"{file} is not a text file of JSON step records") from None
+        for number, line in enumerate(text.splitlines(), start=1):
             if line.strip():
                 try:
                     records.append(json.loads(line))
@@ -126,12 +131,15 @@ def samples_from_records(
     fields = ("rank", "step", "micro_batches", tokens, squares, TIME_FIELDS[time])
     samples = []
     for index, record in enumerate(records):
+        if not isinstance(record, Mapping):
+            raise ValueError(f"step record {index} is a {type(record).__name__}, not a JSON object")
         missing = [name for name in fields if record.get(name) is None]
         if missing:
             raise ValueError(f"step record {index} has no {missing[0]!r}: records from an older version or a step "
                              "that did not run forward_backward_func; record again with --step-stats-dir")
+        _check_record(index, record, counts=fields[:5], seconds=fields[5])
         if record.get("pp_size", 1) != 1:
-            raise ValueError(f"step record {index} is from a run with pp_size={record['pp_size']}; calibrate fits "
+            raise ValueError(f"step record {index} is from a run with pp_size={record['pp_size']!r}; calibrate fits "
                              "PP=1 runs (pipeline bubbles depend on the order), record a PP=1 run")
         if record["step"] >= warmup_steps:
             samples.append(StepSample(rank=record["rank"], step=record["step"], tokens=record[tokens],
@@ -139,6 +147,35 @@ def samples_from_records(
                                       seconds=float(record[TIME_FIELDS[time]]),
                                       parts=_parts(record, lengths=lengths, time=time)))
     return samples
+
+
+MAX_FIGURE = 2.0**63
+"""Figures above this are not step figures (and would overflow the fit's floats)."""
+
+
+def _check_record(index: int, record: Mapping[str, Any], *, counts: Sequence[str], seconds: str) -> None:
+    """Counts are integers >= 0, the time a finite number >= 0, the per-micro-batch rows lists of such."""
+    for name in counts:
+        value = record[name]
+        if not is_int(value) or not 0 <= value < MAX_FIGURE:
+            raise ValueError(f"step record {index}: {name} must be an integer >= 0, got {_short(value)}")
+    if not _is_seconds(record[seconds]):
+        raise ValueError(f"step record {index}: {seconds} must be a finite number of seconds >= 0, "
+                         f"got {_short(record[seconds])}")
+    for name, width, check in (("micro_batch_figures", 4, is_int), ("micro_batch_seconds", 2, _is_seconds)):
+        rows = record.get(name)
+        if rows is not None and (not isinstance(rows, list) or not all(
+                isinstance(row, list) and len(row) >= width and all(check(v) for v in row) for row in rows)):
+            raise ValueError(f"step record {index}: {name} must be a list of rows of {width} or more numbers")
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _is_seconds(value: object) -> bool:
+    return is_real(value) and math.isfinite(value) and 0 <= value < MAX_FIGURE
 
 
 def _parts(record: Mapping[str, Any], *, lengths: str, time: str) -> tuple[tuple[int, int, float], ...]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import statistics
 from pathlib import Path
 
@@ -206,3 +207,22 @@ def test_micro_batch_rows_separate_the_per_micro_batch_term() -> None:
     assert result.report["max_relative_error"] < 0.03  # the steps, predicted from the micro-batch fit
     steps_only = fit(samples_from_records(records, time="forward-backward"))  # no parts for this clock
     assert steps_only.report["rows"] == "step"
+
+
+GOOD_RECORD = {"rank": 0, "step": 3, "micro_batches": 2, "real_tokens": 300, "sum_sq_lengths": 50000,
+               "compute_s": 0.1, "pp_size": 1}
+
+
+@pytest.mark.parametrize(("record", "message"), [
+    ([1, 2, 3], "step record 0 is a list, not a JSON object"),
+    ({**GOOD_RECORD, "step": "3"}, "step must be an integer >= 0, got '3'"),
+    ({**GOOD_RECORD, "real_tokens": 10**400}, "real_tokens must be an integer >= 0, got 1000"),
+    ({**GOOD_RECORD, "micro_batches": True}, "micro_batches must be an integer >= 0, got True"),
+    ({**GOOD_RECORD, "compute_s": "0.5"}, "compute_s must be a finite number of seconds >= 0, got '0.5'"),
+    ({**GOOD_RECORD, "compute_s": float("inf")}, "compute_s must be a finite number of seconds >= 0, got inf"),
+    ({**GOOD_RECORD, "micro_batch_figures": [[1, 2]], "micro_batch_seconds": [[0.1, 0.1]]},
+     "micro_batch_figures must be a list of rows of 4 or more numbers"),
+])
+def test_malformed_step_records_are_refused_naming_the_field(record, message) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        samples_from_records([record])
