@@ -67,7 +67,13 @@ def normalize(weights: Sequence[float]) -> tuple[float, ...]:
 
 def parse_split(text: str, *, flag: str = "--split") -> tuple[float, float, float]:
     """``"969,30,1"`` -> normalized train/valid/test shares (missing ones are 0), as Megatron reads it."""
-    shares = [float(part) for part in re.findall(r"[.0-9]+", str(text))]
+    if re.search(r"[^0-9.,/\s]", str(text)):  # Megatron's reader would drop signs and exponents silently
+        raise ValueError(f"{flag} takes up to three non-negative shares for train, valid and test, separated by "
+                         f"commas (e.g. 969,30,1); got {text!r}")
+    try:
+        shares = [float(part) for part in re.findall(r"[.0-9]+", str(text))]
+    except ValueError:
+        shares = []
     if not shares or len(shares) > len(SPLIT_NAMES) or not sum(shares) > 0:
         raise ValueError(f"{flag} takes up to three non-negative shares for train, valid and test with a "
                          f"positive sum (e.g. 969,30,1); got {text!r}")

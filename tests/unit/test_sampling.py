@@ -133,3 +133,9 @@ def test_groups_are_permuted_as_units_and_stay_whole() -> None:
     inside = next(a + 1 for a, b in zip(starts, starts[1:]) if b - a > 1)
     with pytest.raises(ValueError, match="falls inside a group"):
         order.take(inside, 1)
+
+
+@pytest.mark.parametrize("text", ["1,-1,1", "-5,1", "1e3,1", "1.2.3", "."])
+def test_split_with_signs_exponents_or_malformed_numbers_is_refused_naming_the_flag(text: str) -> None:
+    with pytest.raises(ValueError, match="--split takes up to three non-negative shares"):
+        parse_split(text)
