@@ -76,6 +76,8 @@ def _number(kind: Callable[[str], float], *, minimum: float, strict: bool) -> Ca
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {kind.__name__ == 'int' and 'an integer' or 'a number'}, "
                                              f"got {text!r}") from None
+        if value in (float("inf"), float("-inf")):
+            raise argparse.ArgumentTypeError(f"must be finite, got {text!r}")
         if value != value or value < minimum or (strict and value == minimum):
             bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
             raise argparse.ArgumentTypeError(f"must be {bound}, got {text!r}")
@@ -215,6 +217,9 @@ FLAG_NAMES = ("dp_size", "global_batch_size", "max_tokens_per_gpu", "micro_batch
 def _as_flags(message: str) -> str:
     """The planner names its arguments; the command line user knows flags."""
     message = message.replace("step_time_model", "--objective step-time")
+    for field, flag in (("flops_per_second", "--flops-per-gpu"), ("seconds_per_token", "--flops-per-gpu"),
+                        ("seconds_per_microbatch", "--microbatch-overhead")):
+        message = message.replace(field, flag)
     return re.sub(r"\b(" + "|".join(FLAG_NAMES) + r")\b", lambda m: "--" + m.group(1).replace("_", "-"), message)
 
 
@@ -223,8 +228,12 @@ def _step_time_model(args: argparse.Namespace, model: object) -> StepTimeModel |
     objective = args.objective or ("step-time" if args.pp_size > 1 and args.max_tokens_per_gpu else "micro-batches")
     if objective == "micro-batches":
         return None
-    return StepTimeModel.from_cost_model(model, flops_per_second=args.flops_per_gpu * args.tp_size * args.cp_size,
-                                         seconds_per_microbatch=args.microbatch_overhead)
+    try:
+        return StepTimeModel.from_cost_model(
+            model, flops_per_second=args.flops_per_gpu * args.tp_size * args.cp_size,
+            seconds_per_microbatch=args.microbatch_overhead)
+    except ValueError as error:
+        raise ValueError(_as_flags(str(error)) + f" (from --flops-per-gpu {args.flops_per_gpu:g})") from None
 
 
 def _planned_sizes(args: argparse.Namespace) -> dict[str, object]:

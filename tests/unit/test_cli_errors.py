@@ -127,3 +127,15 @@ def test_a_reader_that_stops_early_leaves_no_traceback(tmp_path) -> None:
     done = subprocess.run(["bash", "-c", command], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert len(done.stdout.splitlines()) == 3
     assert (tmp_path / "err").read_text() == ""
+
+
+@pytest.mark.parametrize("value", ["inf", "1e-320"])
+def test_step_time_figures_that_overflow_name_the_flag(value, capsys) -> None:
+    argv = ["plan", "megatron_dpsched/data/gsm8k_train.txt", "--dp-size", "8", "--global-batch-size", "256",
+            "--max-tokens-per-gpu", "1024", "--pp-size", "2", "--flops-per-gpu", value]
+    with pytest.raises(SystemExit) as raised:
+        code = main(argv)
+        raise SystemExit(code)
+    assert raised.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("megatron-dpsched: error:") and "--flops-per-gpu" in err[0], err
