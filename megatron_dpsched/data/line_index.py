@@ -162,28 +162,35 @@ def line_number_at(path: Path, offset: int) -> int:
 
 
 class LineReader:
-    """Reads the line at a byte offset; reopens the file in a forked process (e.g. a loader worker)."""
+    """Reads the line at a byte offset with positional reads (``os.pread``: threads that share the reader, e.g.
+    the prefetch threads of a train and a validation split of one file, never move each other's position);
+    reopens the file in a forked process (e.g. a loader worker)."""
+
+    BLOCK = 1 << 16
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._file = None
+        self._fd = -1
         self._pid = -1
 
     def read(self, offset: int) -> bytes:
-        if self._file is None or self._pid != os.getpid():
-            self._file = open(self.path, "rb")  # noqa: SIM115 - kept open for the dataset's lifetime
-            self._pid = os.getpid()
-        if offset > 0:  # every indexed offset starts a line; anything else means the file changed
-            self._file.seek(offset - 1)
-            if self._file.read(1) != b"\n":
-                raise ValueError(f"{self.path} changed after its length index was built (byte {offset} does not "
-                                 f"start a line); restart the job to rebuild the index")
-        else:
-            self._file.seek(0)
-        return self._file.readline()
+        if self._fd < 0 or self._pid != os.getpid():
+            self._fd, self._pid = os.open(self.path, os.O_RDONLY), os.getpid()
+        if offset > 0 and os.pread(self._fd, 1, offset - 1) != b"\n":  # indexed offsets start lines
+            raise ValueError(f"{self.path} changed after its length index was built (byte {offset} does not "
+                             f"start a line); restart the job to rebuild the index")
+        parts = []
+        while True:
+            block = os.pread(self._fd, self.BLOCK, offset)
+            end = block.find(b"\n")
+            if end >= 0 or not block:
+                parts.append(block if end < 0 else block[: end + 1])
+                return b"".join(parts)
+            parts.append(block)
+            offset += len(block)
 
     def __getstate__(self) -> dict[str, object]:
-        return {"path": self.path, "_file": None, "_pid": -1}
+        return {"path": self.path, "_fd": -1, "_pid": -1}
 
 
 class IntArrayView(Sequence[int]):

@@ -159,3 +159,31 @@ def test_reading_an_offset_that_no_longer_starts_a_line_fails_naming_the_file(tm
     path.write_text('{"tokens": [1, 2, 3, 4]}\n{"tokens": [4, 5, 6]}\n')  # a running job keeps its index
     with pytest.raises(ValueError, match=f"{path.name} changed after its length index was built"):
         LineReader(path).read(offset)
+
+
+def test_threads_sharing_a_reader_read_their_own_lines(tmp_path) -> None:
+    """The prefetch threads of two splits of one file share its reader: positional reads keep them apart."""
+    import threading
+
+    from megatron_dpsched.data.line_index import LineReader
+
+    rows = [json.dumps({"tokens": list(range(i * 997 % 40000 + 1))}) for i in range(120)]  # lines up to ~200 KiB
+    path = tmp_path / "x.jsonl"
+    path.write_text("\n".join(rows) + "\n")
+    offsets = [0]
+    for row in rows[:-1]:
+        offsets.append(offsets[-1] + len(row) + 1)
+    reader, wrong = LineReader(path), []
+
+    def read_some(seed: int) -> None:
+        for j in range(200):
+            i = (7 * j + seed) % len(rows)
+            if reader.read(offsets[i]).decode().rstrip("\n") != rows[i]:
+                wrong.append(i)
+
+    threads = [threading.Thread(target=read_some, args=(seed,)) for seed in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert wrong == []
