@@ -8,7 +8,7 @@
 #   tp2_pp2    TP2 PP2 with an interleaved (virtual) pipeline of 2 chunks per stage, DP=2:
 #              too big for TP alone; VPP shrinks the pipeline bubble; the planner picks micro-batch
 #              counts that the interleaved schedule accepts.
-#   cp2        context parallelism 2, DP=4: very long samples (the cap is then per CP group);
+#   cp2        context parallelism 2, DP=4: very long samples (a micro-batch holds up to cap x CP tokens across its CP group);
 #              packed (thd) micro-batches, each sequence split per document over the CP ranks.
 set -euo pipefail
 LAYOUT="${1:-dp8}"; shift || true

@@ -1,9 +1,9 @@
 # Shared by the launch recipes (sourced): model, optimizer and data flags of a ~1.3B GPT
 # (24 layers, hidden 2048), bf16, Transformer Engine, trained with --dp-schedule.
 # Override with environment variables: DATA (a .jsonl of {"tokens": [...]} lines), VOCAB_SIZE
-# (ids in DATA must be below it), MAX_TOKENS_PER_GPU (the cap on the real tokens of one micro-batch
-# on one GPU; micro-batches are packed (thd, the default with Transformer Engine); with
-# --dp-schedule-collate-format bshd rows are padded to the micro-batch's longest sample, so leave room for that padding), GLOBAL_BATCH, TRAIN_ITERS, SAVE;
+# (ids in DATA must be below it), MAX_TOKENS_PER_GPU (the cap on one micro-batch on one GPU, counted
+# as collated: packed thd sequences rounded to the layout's pad multiple, or bshd rows x the longest row),
+# GLOBAL_BATCH, TRAIN_ITERS, SAVE;
 # DPSCHED=0 trains without --dp-schedule (MICRO_BATCH samples per micro-batch) for comparison.
 DATA="${DATA:?set DATA to a .jsonl corpus, one tokens list per line}"
 VOCAB_SIZE="${VOCAB_SIZE:-128256}"
@@ -26,7 +26,7 @@ GPT_FLAGS=(
   --global-batch-size "$GLOBAL_BATCH" --train-iters "$TRAIN_ITERS"
   --use-distributed-optimizer --overlap-grad-reduce
   --tokenizer-type NullTokenizer --vocab-size "$VOCAB_SIZE"
-  --data-path "$DATA" --eval-iters 0
+  --data-path "$DATA" --split 100,0,0 --eval-iters 0
   --save "$SAVE" --save-interval 1000 --log-interval 10
 )
 if [ "${DPSCHED:-1}" = 1 ]; then

@@ -173,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Plan every step of an input with --dp-schedule's planner, Megatron's fixed micro-batches "
                     "and per-rank packing; print per step and in total the micro-batches, token fill, "
                     "imbalance, padding, simulated step time and dp-schedule's speedup. Token fill: the real "
-                    "tokens that fit the cap / (micro-batches x DP x cap), 100%% = every micro-batch full.")
+                    "tokens that fit the cap / (micro-batches x DP x cap), 100% = every micro-batch full.")
     plan.add_argument("input", metavar="INPUT",
                       help="a length file (token counts separated by whitespace or newlines), a JSONL corpus "
                            '(*.jsonl, {"tokens": [ids]} per line) or an indexed dataset PREFIX (.bin/.idx)')

@@ -183,8 +183,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="the project plan the ratios, the loss list and --check compare with")
     parser.add_argument("--markdown", type=Path, help="also write the table to this file")
     parser.add_argument("--readme", type=Path, help="replace the summary between this file's bench_baselines markers")
-    parser.add_argument("--check", action="store_true", help=f"exit 1 if the reference plan is > {TOLERANCE:.1%} "
-                        "slower than a baseline on any step")
+    parser.add_argument("--check", action="store_true",
+                        help=f"exit 1 if the reference plan is > {TOLERANCE * 100:.1f}%% slower than a baseline "
+                             "on any step")
     return parser.parse_args(argv)
 
 

@@ -1,6 +1,6 @@
 """Install the ``--dp-schedule`` hooks into ``megatron.training.training`` at run time.
 
-``enable()`` replaces three names *in the namespace of*
+``enable()`` replaces seven names *in the namespace of*
 ``megatron.training.training`` (the module that holds ``train``,
 ``train_step`` and ``evaluate``); nothing else in Megatron is touched, and
 ``disable()`` puts the originals back. Both are idempotent. The replacements
