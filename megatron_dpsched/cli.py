@@ -21,6 +21,7 @@ from typing import NoReturn
 
 from megatron_dpsched.core import DPSchedule, ScheduleConfig, ScheduleInvariantError, StepTimeModel
 from megatron_dpsched.core.cost import CostModelFile
+from megatron_dpsched.core.padding import pad_multiple_for
 from megatron_dpsched.whatif.analysis import (
     BASELINE_NAMES,
     OURS,
@@ -241,8 +242,13 @@ def _planned_sizes(args: argparse.Namespace) -> dict[str, object]:
     ``2 x CP`` with context parallelism, and with ``bshd`` rows x the longest row."""
     if args.max_tokens_per_gpu is None:
         return {}
-    return {"pad_multiple": 2 * args.cp_size if args.cp_size > 1 else 1,
-            "padded_rows": args.collate_format == "bshd"}
+    return {"pad_multiple": _pad_multiple(args), "padded_rows": args.collate_format == "bshd"}
+
+
+def _pad_multiple(args: argparse.Namespace) -> int:
+    """The layout's sequence multiple (Megatron's rule; the what-if tool has no sequence-parallel flag)."""
+    return pad_multiple_for(tensor_parallel_size=args.tp_size, context_parallel_size=args.cp_size,
+                            sequence_parallel=False)
 
 
 def _config(args: argparse.Namespace, *, step_time_model: StepTimeModel | None = None) -> ScheduleConfig:

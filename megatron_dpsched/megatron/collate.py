@@ -40,6 +40,8 @@ from dataclasses import dataclass
 import torch
 from megatron.core.packed_seq_params import PackedSeqParams
 
+from megatron_dpsched.core.padding import gemm_alignment_for, pad_multiple_for  # noqa: F401 - re-exported
+
 FORMATS = ("thd", "bshd")
 
 
@@ -59,28 +61,6 @@ class CollateConfig:
             raise ValueError(f"format must be one of {FORMATS}; got {self.format!r}")
         if self.pad_multiple < 1:
             raise ValueError(f"pad_multiple must be >= 1; got {self.pad_multiple}")
-
-
-def pad_multiple_for(
-    *, tensor_parallel_size: int, context_parallel_size: int, sequence_parallel: bool, gemm_alignment: int = 1
-) -> int:
-    """The sequence-length multiple Megatron needs: ``2 * CP`` chunks, times TP with sequence parallelism
-    (megatron-core 0.19's rule, ``models/multimodal/context_parallel.get_padding``), and a multiple of
-    ``gemm_alignment`` (the FP8/FP4 GEMM alignment, :func:`gemm_alignment_for`; their least common multiple:
-    megatron-core's rule pads for FP8 only without CP and SP, this never pads less)."""
-    multiple = 2 * context_parallel_size if context_parallel_size > 1 else 1
-    if sequence_parallel:
-        multiple *= tensor_parallel_size
-    return math.lcm(multiple, gemm_alignment)
-
-
-def gemm_alignment_for(*, fp8: str | None = None, fp8_recipe: str | None = None, fp4: str | None = None) -> int:
-    """Token multiple of megatron-core 0.19's low-precision GEMMs: ``--fp8-format`` 16 (32 with
-    ``--fp8-recipe mxfp8``, ``fp8_utils.get_fp8_align_size``), ``--fp4-format`` 32
-    (``fp4_utils.get_fp4_align_size``); 1 in higher precision."""
-    if fp8:
-        return 32 if fp8_recipe == "mxfp8" else 16
-    return 32 if fp4 else 1
 
 
 def require_padding_agreement(

@@ -35,6 +35,7 @@ from megatron_dpsched.core import (
     simulate_step,
 )
 from megatron_dpsched.core.cost import sample_costs
+from megatron_dpsched.core.padding import pad_multiple_for, planned_sizes
 from megatron_dpsched.core.schedule import assemble_schedule
 
 OURS = "dpsched"
@@ -237,21 +238,16 @@ class _Timer:
 
     def computed(self, lengths: list[int], *, padded: bool) -> list[int]:
         """What the GPUs compute for a micro-batch: padded rows (``bshd``) or CP-rounded packed samples."""
-        multiple = 2 * self.config.cp_size if self.config.cp_size > 1 else 1
-        if padded and lengths:
-            longest = _round_up(max(lengths), multiple)
-            return [longest] * len(lengths)
-        return [_round_up(n, multiple) for n in lengths]
+        multiple = pad_multiple_for(tensor_parallel_size=self.simulation.tp_size,
+                                    context_parallel_size=self.config.cp_size, sequence_parallel=False)
+        sizes = list(planned_sizes(lengths, pad_multiple=multiple))
+        return [max(sizes)] * len(sizes) if padded and sizes else sizes
 
     def cost(self, length: int) -> float:
         value = self.flops.get(length)
         if value is None:
             value = self.flops[length] = self.cost_model(length)
         return value
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
 
 
 def strategy_step(schedule: DPSchedule, step: int, *, timer: _Timer, padded: bool) -> StrategyStep:
