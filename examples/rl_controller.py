@@ -15,7 +15,7 @@ rollout's token ids (loss on response tokens only) are written as JSON (``<out>/
 and the path is sent to the trainer ranks.
 
 The trainer ranks (``--dp`` processes, gloo, CPU through the test-only device shim
-``megatron_dpsched.megatron.cpu_shim``) build a tiny Megatron GPT with Megatron's own
+``megatron_dpsched.testing.cpu_shim``) build a tiny Megatron GPT with Megatron's own
 ``setup_model_and_optimizer``, read each shipped plan with ``DPSchedule.from_dict``, and train every step
 with Megatron's real ``train_step`` through ``ScheduledDataIterator`` (``setup_dp_schedule`` installs the
 hooks). Each rank writes what it trained to ``<out>/records.rank<r>.json``: per step the sample keys of
@@ -231,7 +231,7 @@ class _Trainer:
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=options.dp,
                                 timeout=timedelta(seconds=300))
         torch.set_num_threads(1)
-        from megatron_dpsched.megatron import cpu_shim
+        from megatron_dpsched.testing import cpu_shim
 
         cpu_shim.install()
         self.rank, self.options = rank, options
@@ -329,7 +329,8 @@ def _megatron_args(options: Options) -> Any:
     """Megatron's ``parse_args`` + ``validate_args``, then the CPU set-up and ``setup_dp_schedule``."""
     from megatron.training.arguments import parse_args, validate_args
 
-    from megatron_dpsched.megatron import add_dp_schedule_args, cpu_shim, setup_dp_schedule
+    from megatron_dpsched.megatron import add_dp_schedule_args, setup_dp_schedule
+    from megatron_dpsched.testing import cpu_shim
 
     saved, sys.argv = sys.argv, ["rl_controller", *megatron_argv(options)]
     try:

@@ -53,7 +53,7 @@ def plan_figures(samples: int, dp_size: int, repeats: int) -> dict[str, float]:
     import torch
 
     from megatron_dpsched.megatron.collate import CollateConfig
-    from megatron_dpsched.megatron.iterator import ScheduledDataIterator
+    from megatron_dpsched.megatron.feeds import ScheduledDataIterator
 
     rng = random.Random(0)
     lengths = [rng.randint(1, 8000) for _ in range(samples)]
@@ -87,7 +87,7 @@ def _agreement_worker(rank: int, world_size: int, init_file: str, out: str) -> N
     import torch.distributed as dist
 
     from megatron_dpsched.megatron.agreement import agree_on_step
-    from megatron_dpsched.megatron.iterator import StepBatches
+    from megatron_dpsched.megatron.feeds import StepBatches
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size,

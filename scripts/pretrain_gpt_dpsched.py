@@ -14,7 +14,7 @@ blend. A prefix is a ``.jsonl`` file (one ``{"tokens": [id, ...]}`` per line) or
 dataset (``PREFIX.bin``/``PREFIX.idx``, one sample per stored sequence; lengths come from the index).
 A sequence of ``L`` ids is a sample of ``L - 1`` positions; every sample must fit ``--seq-length``.
 ``--dataloader-type single`` reads one pass in order, ``cyclic`` a seeded permutation per epoch
-(``megatron_dpsched.core.sampling``).
+(``megatron_dpsched.data.sampling``).
 
 ``--sft`` reads Megatron's SFT conversation JSONL instead (``{"messages": [...]}`` per line), one
 conversation per sample, tokenized and masked by Megatron's own tokenizer (``--tokenizer-type
@@ -38,10 +38,10 @@ data and global batch size the two runs train the same maths.
 
 GPU runs go through Megatron's plain ``pretrain()``. ``--cpu-dry-run`` is a CPU-only
 dry run for demos and tests (``scripts/demo.py``): it refuses to start where CUDA is
-available, installs ``megatron_dpsched.megatron.cpu_shim`` (maps CUDA placement to CPU),
+available, installs ``megatron_dpsched.testing.cpu_shim`` (maps CUDA placement to CPU),
 initializes Megatron with ``initialize_megatron_on_cpu`` on a gloo group, then runs
 Megatron's real ``setup_model_and_optimizer``, data-iterator builder and ``train()``.
-``--step-stats-dir DIR`` writes per-step, per-rank statistics (``megatron_dpsched.demo.stats``).
+``--step-stats-dir DIR`` writes per-step, per-rank statistics (``megatron_dpsched.megatron.step_stats``).
 """
 
 from __future__ import annotations
@@ -59,19 +59,19 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from megatron_dpsched.core.sampling import parse_blend, parse_split  # noqa: E402
 from megatron_dpsched.data import (  # noqa: E402
     PaddedSampleDataset,
     open_corpus,
 )
 from megatron_dpsched.data.compose import split_and_blend  # noqa: E402
-from megatron_dpsched.demo.stats import StepRecorder, write_plan  # noqa: E402
+from megatron_dpsched.data.sampling import parse_blend, parse_split  # noqa: E402
 from megatron_dpsched.megatron import (  # noqa: E402
     ScheduledForwardStep,
     add_dp_schedule_args,
     scheduled_datasets_provider,
     setup_dp_schedule,
 )
+from megatron_dpsched.megatron.step_stats import StepRecorder, write_plan  # noqa: E402
 
 DRY_RUN_FLAG = "--cpu-dry-run"
 _state: dict[str, Any] = {}
@@ -348,7 +348,7 @@ def start_cpu_dry_run() -> None:
     if torch.cuda.is_available():
         raise ValueError(f"{DRY_RUN_FLAG} is a CPU-only dry run and refuses to start where CUDA is "
                          f"available; drop the flag to train with pretrain()")
-    from megatron_dpsched.megatron import cpu_shim
+    from megatron_dpsched.testing import cpu_shim
 
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # what Megatron asks of TP/CP jobs
     cpu_shim.install()
@@ -363,7 +363,7 @@ def run_cpu_dry_run(args: argparse.Namespace) -> None:
     from megatron.training import training
     from megatron.training.vocab_utils import calculate_padded_vocab_size
 
-    from megatron_dpsched.megatron import cpu_shim
+    from megatron_dpsched.testing import cpu_shim
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     torch.distributed.init_process_group("gloo")

@@ -25,11 +25,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from megatron_dpsched.baselines.megatron_lm_rl import megatron_lm_rl_plan
-from megatron_dpsched.baselines.nemo_rl import nemo_rl_plan
+from megatron_dpsched.baselines.megatron_lm_rl_rewrite import megatron_lm_rl_plan
+from megatron_dpsched.baselines.nemo_rl_rewrite import nemo_rl_plan
 from megatron_dpsched.baselines.simple import global_first_fit, megatron_fixed, per_rank_first_fit
-from megatron_dpsched.baselines.slime import slime_kk_plan, slime_strided_plan
-from megatron_dpsched.baselines.verl import verl_plan
+from megatron_dpsched.baselines.slime_rewrite import slime_kk_plan, slime_strided_plan
+from megatron_dpsched.baselines.verl_rewrite import verl_plan
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
 from megatron_dpsched.core.schedule import DPSchedule, assemble_schedule
 from megatron_dpsched.core.steps import split_steps

@@ -6,7 +6,7 @@ samples it yields, so the planner sees their true lengths without reading token 
 
 * :class:`SubsetDataset`: a contiguous range of a dataset (one ``--split`` share).
 * :class:`BlendedDataset`: ``size`` samples drawn from several datasets by weight in Megatron's
-  blending order (:func:`megatron_dpsched.core.sampling.blending_indices`).
+  blending order (:func:`megatron_dpsched.data.sampling.blending_indices`).
 * :func:`split_and_blend`: the train/valid/test datasets of ``--data-path`` with ``--split``,
   or of one ``--train/valid/test-data-path`` flag.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from megatron_dpsched.core.sampling import SPLIT_NAMES, blending_indices, parse_blend, split_ranges
+from megatron_dpsched.data.sampling import SPLIT_NAMES, blending_indices, parse_blend, split_ranges
 
 
 class SubsetDataset:

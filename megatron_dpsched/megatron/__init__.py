@@ -5,10 +5,10 @@
   three-line way onto the scheduled data path for an existing training script.
 * :mod:`.patch`: ``enable()`` / ``disable()`` install the :mod:`.hooks` into
   ``megatron.training.training`` (``patches/`` has the same hooks as a source patch).
-* :mod:`.iterator`: schedule-driven data iterators (precomputed plan or map-style dataset).
+* :mod:`.feeds`: schedule-driven data iterators (precomputed plan or map-style dataset).
 * :mod:`.collate`: packed (thd) or padded (bshd) micro-batches, zero-weight dummies.
 * :mod:`.forward_step`: forward step and per-token loss.
-* :mod:`.cpu_shim`: dry-run / testing-only CPU device shim (never imported here).
+* :mod:`megatron_dpsched.testing.cpu_shim`: dry-run / testing-only CPU device shim (never imported here).
 """
 
 from megatron_dpsched.megatron import patch
@@ -19,14 +19,14 @@ from megatron_dpsched.megatron.arguments import (
     validate_dp_schedule_args,
 )
 from megatron_dpsched.megatron.collate import CollateConfig, collate_micro_batch, pad_multiple_for
-from megatron_dpsched.megatron.forward_step import ScheduledForwardStep, scheduled_loss_func
-from megatron_dpsched.megatron.iterator import (
+from megatron_dpsched.megatron.feeds import (
     ChunkIterator,
     ScheduledDataIterator,
     ScheduledDatasetLoader,
     StepBatches,
     StepFeed,
 )
+from megatron_dpsched.megatron.forward_step import ScheduledForwardStep, scheduled_loss_func
 from megatron_dpsched.megatron.patch import disable, enable, is_enabled
 from megatron_dpsched.megatron.provider import build_feed, scheduled_datasets_provider, setup_dp_schedule
 

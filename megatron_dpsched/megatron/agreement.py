@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from megatron_dpsched.megatron.iterator import StepBatches, StepFeed
+from megatron_dpsched.megatron.feeds import StepBatches, StepFeed
 
 
 def _group_device() -> torch.device:

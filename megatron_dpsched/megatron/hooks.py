@@ -42,7 +42,7 @@ The hooks:
    (TensorBoard / W&B under ``dp-schedule/``, and the text log), after ``training_log``.
 
 No plan is computed here: the plan comes from the data iterator's feed
-(:mod:`megatron_dpsched.megatron.iterator`).
+(:mod:`megatron_dpsched.megatron.feeds`).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from typing import Any
 
 from megatron_dpsched.core.alignment import PipelineLayout
 from megatron_dpsched.megatron.agreement import agree_on_step, log_first_step
-from megatron_dpsched.megatron.iterator import StepBatches, StepFeed
+from megatron_dpsched.megatron.feeds import StepBatches, StepFeed
 
 _GROUP_FLAG = "--microbatch-group-size-per-virtual-pipeline-stage"
 

@@ -26,7 +26,7 @@ class PreparedStep:
     """One step prepared ahead: its batches, collated micro-batches, and what failed."""
 
     batches: Any = None
-    """The step's :class:`~megatron_dpsched.megatron.iterator.StepBatches` (``None`` if planning failed)."""
+    """The step's :class:`~megatron_dpsched.megatron.feeds.StepBatches` (``None`` if planning failed)."""
     micro_batches: dict[int, dict[str, Any]] = field(default_factory=dict)
     """Collated micro-batches by index, up to the first that failed."""
     error: BaseException | None = None

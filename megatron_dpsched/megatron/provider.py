@@ -21,7 +21,7 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from megatron_dpsched.core.sampling import SampleOrder
+from megatron_dpsched.data.sampling import SampleOrder
 from megatron_dpsched.megatron.arguments import (
     DPScheduleOptions,
     counts_padding,
@@ -30,7 +30,7 @@ from megatron_dpsched.megatron.arguments import (
     validate_dp_schedule_args,
 )
 from megatron_dpsched.megatron.collate import CollateConfig, require_padding_agreement
-from megatron_dpsched.megatron.iterator import ScheduledDatasetLoader
+from megatron_dpsched.megatron.feeds import ScheduledDatasetLoader
 
 DatasetsProvider = Callable[..., tuple[Any, Any, Any]]
 

@@ -25,7 +25,7 @@ import time
 from typing import Any
 
 from megatron_dpsched.megatron.collate import CollateConfig
-from megatron_dpsched.megatron.iterator import StepBatches
+from megatron_dpsched.megatron.feeds import StepBatches
 
 PREFIX = "dp-schedule/"
 _last_time: list[float] = []

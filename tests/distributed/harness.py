@@ -39,7 +39,7 @@ def make_sample(sample_id: int) -> dict[str, torch.Tensor]:
     return {"tokens": seq[:-1], "labels": seq[1:]}
 
 
-STAND_IN_SPEC = ("megatron_dpsched.megatron.cpu_attention", "gpt_layer_spec")
+STAND_IN_SPEC = ("megatron_dpsched.testing.cpu_attention", "gpt_layer_spec")
 """The test-only layer spec: packed / context-parallel core attention and sequence-parallel norms."""
 
 
@@ -129,7 +129,7 @@ def parse_megatron_args(argv: Sequence[str]) -> Any:
 
 def initialize(args: Any) -> None:
     """Set Megatron's globals and model-parallel groups on the already-initialized gloo group."""
-    from megatron_dpsched.megatron import cpu_shim
+    from megatron_dpsched.testing import cpu_shim
 
     cpu_shim.initialize_megatron_on_cpu(args)
 

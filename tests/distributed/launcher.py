@@ -40,7 +40,7 @@ def _worker(rank: int, world_size: int, out: str, scenarios: list[str], init_fil
     known = {name: run for module in SCENARIO_MODULES
              for name, run in importlib.import_module(module).SCENARIOS.items()}
 
-    from megatron_dpsched.megatron import cpu_shim
+    from megatron_dpsched.testing import cpu_shim
 
     harness.env_for_rank(rank, world_size)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,

@@ -64,7 +64,7 @@ class WholeBatchFeed:
     @staticmethod
     def build(num_steps: int) -> Any:
         from megatron_dpsched.megatron.collate import CollateConfig
-        from megatron_dpsched.megatron.iterator import StepBatches, StepFeed
+        from megatron_dpsched.megatron.feeds import StepBatches, StepFeed
 
         class _Feed(StepFeed):
             dp_size = 1  # the reference runs on one process

@@ -83,7 +83,7 @@ def hand_made_batch(sample_ids: list[int]) -> dict[str, Any]:
 
 def reference_feed(args: Any, num_chunks: int) -> Any:
     """Every step one micro-batch of all its samples, built by :func:`hand_made_batch`."""
-    from megatron_dpsched.megatron.iterator import StepBatches, StepFeed
+    from megatron_dpsched.megatron.feeds import StepBatches, StepFeed
 
     class _Reference(StepFeed):
         dp_size = 1

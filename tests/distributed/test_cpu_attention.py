@@ -26,7 +26,7 @@ def megatron_world():
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    from megatron_dpsched.megatron import cpu_shim
+    from megatron_dpsched.testing import cpu_shim
 
     init = os.path.join(tempfile.mkdtemp(), "init")
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=0, world_size=1)
@@ -52,7 +52,7 @@ def _modules():
     from megatron.core.transformer.dot_product_attention import DotProductAttention
     from megatron.core.transformer.enums import AttnMaskType
 
-    from megatron_dpsched.megatron.cpu_attention import PackedCoreAttention
+    from megatron_dpsched.testing.cpu_attention import PackedCoreAttention
 
     config = _config()
     kwargs = dict(config=config, layer_number=1, attn_mask_type=AttnMaskType.causal, attention_type="self")

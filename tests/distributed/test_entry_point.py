@@ -65,7 +65,7 @@ def _assert_tensorboard_holds_the_plan_figures(folder: Path, records: list[dict]
         assert abs(by_iteration["dp-schedule/padding"][step + 1] - padding) < 1e-6
 
 
-STAND_IN = ["--spec", "megatron_dpsched.megatron.cpu_attention", "gpt_layer_spec"]
+STAND_IN = ["--spec", "megatron_dpsched.testing.cpu_attention", "gpt_layer_spec"]
 
 
 @pytest.mark.parametrize("layout", [

@@ -3,7 +3,7 @@
 Each layout trains Megatron's real ``train()`` on gloo and must train the same maths as the
 one-process whole-batch reference with the same model flags (``train_checks`` has the checks).
 Packed sequences, CP and sequence-parallel norms use the test-only layer spec
-(``--spec megatron_dpsched.megatron.cpu_attention gpt_layer_spec``); the reference uses
+(``--spec megatron_dpsched.testing.cpu_attention gpt_layer_spec``); the reference uses
 Megatron's local spec and one padded (bshd) micro-batch per step.
 """
 

@@ -59,7 +59,7 @@ def _sft_argv(data: Path, tokenizer: Path, *extra: str) -> list[str]:
 
 
 @pytest.mark.parametrize("collate", [[], ["--dp-schedule-collate-format", "thd", "--spec",
-                                          "megatron_dpsched.megatron.cpu_attention", "gpt_layer_spec"]],
+                                          "megatron_dpsched.testing.cpu_attention", "gpt_layer_spec"]],
                          ids=["bshd", "thd"])
 def test_sft_conversations_train_through_the_entry_point_with_the_prompts_masked(
         tmp_path: Path, tokenizer_folder: Path, collate: list[str]) -> None:

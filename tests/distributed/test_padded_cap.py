@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from megatron_dpsched import build_dp_schedule
-from megatron_dpsched.megatron import cpu_shim
 from megatron_dpsched.megatron.arguments import schedule_kwargs_from_args
 from megatron_dpsched.megatron.collate import (
     CollateConfig,
@@ -21,6 +20,7 @@ from megatron_dpsched.megatron.collate import (
     require_padding_agreement,
 )
 from megatron_dpsched.megatron.provider import collate_config_from_args
+from megatron_dpsched.testing import cpu_shim
 
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"),
               pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -47,7 +47,7 @@ def _megatron_args(monkeypatch: pytest.MonkeyPatch, flags: list[str], *extra: st
     monkeypatch.setenv("WORLD_SIZE", "8")
     monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
     argv = harness.base_argv(extra=[*flags, "--dp-schedule-max-tokens-per-gpu", str(CAP), "--global-batch-size",
-                                    str(GLOBAL_BATCH), "--spec", "megatron_dpsched.megatron.cpu_attention",
+                                    str(GLOBAL_BATCH), "--spec", "megatron_dpsched.testing.cpu_attention",
                                     "gpt_layer_spec", *extra])
     with cpu_shim.cpu_device_shim():  # Megatron's validation asks the (absent) GPU for its capability
         return harness.parse_megatron_args(argv)

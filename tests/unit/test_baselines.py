@@ -8,8 +8,8 @@ from assertions import assert_invariants
 
 from megatron_dpsched import ScheduleConfig
 from megatron_dpsched.baselines import BASELINES, build_baseline_schedule, cap_violations, padded_tokens
-from megatron_dpsched.baselines.megatron_lm_rl import next_fit_decreasing
-from megatron_dpsched.baselines.nemo_rl import modified_first_fit_decreasing
+from megatron_dpsched.baselines.megatron_lm_rl_rewrite import next_fit_decreasing
+from megatron_dpsched.baselines.nemo_rl_rewrite import modified_first_fit_decreasing
 from megatron_dpsched.baselines.partition import karmarkar_karp
 from megatron_dpsched.core.invariants import ScheduleInvariantError
 

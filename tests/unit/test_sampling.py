@@ -1,4 +1,4 @@
-"""Blends, splits and epoch orders (``megatron_dpsched.core.sampling``): Megatron's semantics, pure."""
+"""Blends, splits and epoch orders (``megatron_dpsched.data.sampling``): Megatron's semantics, pure."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from megatron_dpsched.core.sampling import (
+from megatron_dpsched.data.sampling import (
     SampleOrder,
     blending_indices,
     epoch_permutation,

@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from megatron_dpsched.core import DPSchedule, ScheduleConfig, ScheduleInvariantError, plan_schedule
-from megatron_dpsched.core.sampling import SampleOrder
 from megatron_dpsched.core.validation import is_int, require_int, require_lengths
+from megatron_dpsched.data.sampling import SampleOrder
 from megatron_dpsched.megatron.collate import CollateConfig, collate_micro_batch
 from megatron_dpsched.megatron.prefetch import PreparedStep, StepPrefetcher
 
@@ -409,7 +409,7 @@ class ScheduledDatasetLoader(StepFeed):
     first bad entry); ``schedule_kwargs`` are ``build_dp_schedule``'s keyword arguments
     but ``lengths`` (``cost_model`` included), validated once as a ``ScheduleConfig``.
     ``order`` says which sample sits at each position of the stream (default: one pass in
-    dataset order; :class:`~megatron_dpsched.core.sampling.SampleOrder` gives cyclic epochs
+    dataset order; :class:`~megatron_dpsched.data.sampling.SampleOrder` gives cyclic epochs
     and groups); step after step takes the next ``global_batch_size`` samples (groups) from
     ``consumed_samples`` on, so a resume from any position continues with the same plans.
     """

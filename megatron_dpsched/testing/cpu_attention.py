@@ -1,6 +1,6 @@
 """Test-only core attention that takes packed sequences and context parallelism on CPU.
 
-**Never imported by the product path** (like :mod:`.cpu_shim`). On GPUs, packed
+**Never imported by the product path** (like :mod:`megatron_dpsched.testing.cpu_shim`). On GPUs, packed
 (``thd``) micro-batches and context parallelism run on Transformer Engine's
 attention; Megatron's own ``DotProductAttention`` refuses both. So that the
 tests (and the CPU demo) can run the real ``GPTModel`` (RoPE included) on
@@ -17,7 +17,7 @@ way those kernels do, in plain torch:
    positions.
 3. Scaling, GQA, softmax precision and dropout follow ``DotProductAttention``.
 
-Select it with Megatron's ``--spec megatron_dpsched.megatron.cpu_attention gpt_layer_spec``
+Select it with Megatron's ``--spec megatron_dpsched.testing.cpu_attention gpt_layer_spec``
 (the local layer spec with this core attention).
 """
 
