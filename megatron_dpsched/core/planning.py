@@ -128,7 +128,7 @@ def _plan_dynamic(sizes: list[int], costs: list[float], *, config: ScheduleConfi
     """
     if config.balance == "none":
         return _plan_by_bins(_global_packing(sizes, config), sizes, costs, config=config)
-    ideal = max(sum(costs) / config.dp_size, max(costs))
+    balanced = _balanced_peak(costs, config)
     num_microbatches = lower_bound_microbatches(sizes, config=config)
     plan = _assign_and_pack(sizes, costs, config=config, num_microbatches=num_microbatches)
     global_bins: list[list[int]] | None = None
@@ -141,7 +141,7 @@ def _plan_dynamic(sizes: list[int], costs: list[float], *, config: ScheduleConfi
     stale = 0  # larger counts tried in a row without a better plan
     while True:
         peak = _peak_cost(plan, costs)
-        if peak > ideal * (1 + BALANCE_TOLERANCE):
+        if peak > balanced:
             global_bins = global_bins or _global_packing(sizes, config)
             upper = _bins_count(global_bins, config)
             if plan is None and best is None and num_microbatches >= upper:
@@ -152,7 +152,7 @@ def _plan_dynamic(sizes: list[int], costs: list[float], *, config: ScheduleConfi
         stale = stale + 1 if best is not None else 0
         if peak < best_peak * (1 - BALANCE_TOLERANCE):
             best, best_peak, stale = plan, peak, 0
-        if best_peak <= ideal * (1 + BALANCE_TOLERANCE) or stale >= MAX_STALE_COUNTS:
+        if best_peak <= balanced or stale >= MAX_STALE_COUNTS:
             return best
         limit = config.layout.align(math.ceil(upper * (1 + config.balance_growth)))
         if best is not None and num_microbatches >= limit:
@@ -184,10 +184,14 @@ def plan_at_count(
 ) -> list[RankPlan] | None:
     """Steps 3-4 at one count, refined as in step 5 when unbalanced; ``None`` if it does not fit."""
     plan = _assign_and_pack(sizes, costs, config=config, num_microbatches=num_microbatches)
-    ideal = max(sum(costs) / config.dp_size, max(costs))
-    if plan is not None and _peak_cost(plan, costs) > ideal * (1 + BALANCE_TOLERANCE):
+    if plan is not None and _peak_cost(plan, costs) > _balanced_peak(costs, config):
         _refine(plan, sizes, costs, config=config)
     return plan
+
+
+def _balanced_peak(costs: list[float], config: ScheduleConfig) -> float:
+    """The busiest rank's cost at which a plan counts as balanced (:data:`BALANCE_TOLERANCE`)."""
+    return max(sum(costs) / config.dp_size, max(costs)) * (1 + BALANCE_TOLERANCE)
 
 
 def _refine(plan: list[RankPlan], sizes: list[int], costs: list[float], *, config: ScheduleConfig) -> None:
@@ -331,7 +335,7 @@ def _rehome(
 ) -> bool:
     """Each homeless sample (longest first) into the lightest rank with room; ``False`` if one fits nowhere."""
     cap, rows = config.token_cap, config.padded_rows
-    fills = [[_load(b, sizes) for b in bins] for bins in bins_per_rank]
+    fills = [[collated_size(b, sizes, padded_rows=False) for b in bins] for bins in bins_per_rank]
     longest = [[max((sizes[i] for i in b), default=0) for b in bins] for bins in bins_per_rank]
 
     def room(rank: int, b: int) -> int:
@@ -352,7 +356,3 @@ def _rehome(
         rooms[rank][b] = room(rank, b)
         loads[rank] += costs[item]
     return True
-
-
-def _load(items: Sequence[int], sizes: Sequence[int]) -> int:
-    return sum(sizes[i] for i in items)
