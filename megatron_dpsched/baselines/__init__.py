@@ -75,7 +75,7 @@ def build_baseline_schedule(
     )
     planner = PLANNERS[name]
     plans = [planner(step, sizes=sizes, costs=costs, config=config) for step in steps]
-    return assemble_schedule(plans, sizes=sizes, costs=costs, groups=None, config=config, dropped=dropped)
+    return assemble_schedule(plans, lengths=sizes, costs=costs, groups=None, config=config, dropped=dropped)
 
 
 def padded_tokens(micro_batch: Sequence[int], sizes: Sequence[int]) -> int:

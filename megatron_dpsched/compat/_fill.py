@@ -22,7 +22,7 @@ def fill_empty_micro_batches(schedule: DPSchedule) -> DPSchedule:
         ranks = [[list(mb) for mb in schedule.rank_step_micro_batches(r, step)] for r in range(schedule.dp_size)]
         _fill_step(ranks, costs=schedule.costs, step=step)
         plans.append(ranks)
-    filled = assemble_schedule(plans, sizes=schedule.lengths, costs=schedule.costs, groups=schedule.groups,
+    filled = assemble_schedule(plans, lengths=schedule.lengths, costs=schedule.costs, groups=schedule.groups,
                                config=schedule.config, dropped=list(schedule.dropped))
     filled.check()
     return filled

@@ -1,7 +1,7 @@
 """The invariant checker behind :meth:`DPSchedule.check`.
 
 Each check raises :class:`ScheduleInvariantError` whose message starts with
-the invariant's number from :mod:`megatron_dpsched.core.schedule` and names
+the invariant's number in the contract of :mod:`megatron_dpsched.core.schedule` and names
 the rank, step and micro-batch at fault.
 """
 
@@ -150,11 +150,11 @@ def _check_legal_counts(schedule: DPSchedule) -> None:
 def _check_count_bounds(schedule: DPSchedule, step: int, count: int) -> None:
     """At least the aligned lower bound; with a step-time model at most ``max(lower bound, align(n))``."""
     config = schedule.config
-    lengths = planned_sizes(schedule.lengths, pad_multiple=config.pad_multiple)
+    sizes = planned_sizes(schedule.lengths, pad_multiple=config.pad_multiple)
     per_rank = [sum(len(mb) for mb in schedule.rank_step_micro_batches(r, step)) for r in range(schedule.dp_size)]
     if sum(per_rank) == 0:
         return  # invariant 6 reports the empty step
-    lower = lower_bound_microbatches([lengths[i] for i in schedule.step_samples(step)], config=config)
+    lower = lower_bound_microbatches([sizes[i] for i in schedule.step_samples(step)], config=config)
     if count < lower:
         _fail(4, f"step {step} runs {count} micro-batches, below the aligned lower bound {lower}")
     upper = max(lower, config.layout.align(max(per_rank)))
@@ -164,7 +164,7 @@ def _check_count_bounds(schedule: DPSchedule, step: int, count: int) -> None:
 
 
 def _check_steps(schedule: DPSchedule) -> None:
-    """Steps and ``dropped`` are exactly the cut of spec step 1; ``step_num_samples`` counts each step."""
+    """Invariant 5: steps and ``dropped`` are exactly the cut of step 1; ``step_num_samples`` counts each step."""
     config = schedule.config
     try:
         expected, dropped = split_steps(len(schedule.lengths), global_batch_size=config.global_batch_size,

@@ -1,4 +1,4 @@
-"""Spec step 7: with a ``step_time_model``, the micro-batch count with the smallest simulated step time.
+"""Step 7 of the contract: with a ``step_time_model``, the plan with the smallest simulated step time.
 
 Balancing cost per rank at the fewest micro-batches leaves pipeline bubbles: with ``pp_size``
 stages and ``M`` micro-batches, Megatron's 1F1B idles every stage for about ``(pp_size - 1) / M``
@@ -6,6 +6,25 @@ of a step. More, smaller micro-batches shrink the bubbles but pay a fixed cost e
 (``seconds_per_microbatch``). The search here trades the two by replaying Megatron's schedule
 (:mod:`megatron_dpsched.core.steptime`) on candidate plans, each packed and ordered by the
 machinery of steps 3-6.
+
+Only with a token cap and ``balance`` ``"cost"`` or ``"tokens"``. Steps 2-6 give the default plan at
+count ``D``; the step runs whichever candidate has the smallest simulated step time: the slowest
+rank's makespan (:func:`~megatron_dpsched.core.steptime.simulate_step`) on the candidate ordered as in
+step 6 (:meth:`StepTimer.candidate`). Candidates, all at legal counts of at most ``B``
+(:func:`count_bound`; a default above ``B`` is repacked to ``B``):
+
+* the default;
+* plans of steps 3-4 at each legal count below ``D``, refined as in step 5 (:func:`_fewer_counts`);
+* with ``pp_size > 1``, the default's ranks repacked (step 4) into more micro-batches, up to ``B``
+  and, with ``balance_growth > 0``, up to ``align(U * (1 + balance_growth))`` (:func:`_more_counts`).
+  With ``pp_size == 1`` a rank's time is the sum of its micro-batches' times, which more
+  micro-batches of the same samples never lower.
+
+Of the candidates no slower than the default, :func:`choose` takes the one with the fewest
+micro-batches within :data:`STEP_TIME_TOLERANCE` of the fastest. So with ``pp_size == 1``, no
+per-micro-batch time and costs proportional to the model's forward time, the plan is the default
+plan whenever no count below ``D`` comes within :data:`STEP_TIME_TOLERANCE` of it (step 5 kept ``D``
+only for a cut of more than :data:`~megatron_dpsched.core.planning.BALANCE_TOLERANCE`).
 """
 
 from __future__ import annotations
@@ -24,10 +43,13 @@ STEP_TIME_TOLERANCE = 0.02
 COUNT_GROWTH = 0.1
 """Counts above the default grow by at least this share per candidate (at least to the next legal count)."""
 MAX_STALE_COUNTS = 2
-"""Stop searching in one direction after this many candidates in a row that were not faster ..."""
+"""A count search stops after this many candidates in a row brought no better plan: step 5's growing
+count (the samples are too coarse to balance, e.g. ``dp_size + 1`` equal samples) and step 7's search
+in each direction (not faster)."""
 SEARCH_SPAN = 2.0
-"""... and, upward, once the count is this many times the fastest count so far (packing granularity
-makes plateaus: equal samples run no faster at 11-15 micro-batches than at 11 until 16 halve them)."""
+"""Step 7's upward search goes on past :data:`MAX_STALE_COUNTS` slower candidates until the count is this
+many times the fastest count so far (packing granularity makes plateaus: equal samples run no faster at
+11-15 micro-batches than at 11 until 16 halve them)."""
 SCREEN_RANKS = 8
 """Upward candidates are timed on the ranks with the most work only; the winner is then timed in full."""
 
@@ -85,8 +107,9 @@ class StepTimer:
 
 
 def count_bound(plan: list[RankPlan], *, config: ScheduleConfig, lower_bound: int) -> int:
-    """Most micro-batches a step-time plan may run: the aligned lower bound, or enough for the rank
-    with the most samples to run one per micro-batch (beyond that every rank only adds dummies)."""
+    """``B = max(M, align(n))``, the most micro-batches a step-time plan may run: the aligned lower bound
+    ``M``, or enough for the rank with the most samples (``n``) to run one per micro-batch (beyond that
+    every rank would only add empty micro-batches)."""
     most = max(sum(len(mb) for mb in rank) for rank in plan)
     return max(lower_bound, config.layout.align(most))
 
@@ -126,7 +149,8 @@ def choose(candidates: list[Candidate], *, ceiling: float) -> Candidate:
 def _fewer_counts(
     base: Candidate, timer: StepTimer, *, replan: Callable[[int], list[RankPlan] | None], lower_bound: int
 ) -> list[Candidate]:
-    """Plans at legal counts below the default's, downward until one does not fit or stops helping."""
+    """Plans at legal counts below the default's (``replan``), downward until one does not fit or
+    :data:`MAX_STALE_COUNTS` in a row are not faster."""
     layout, found, best, stale = timer.config.layout, [], base.seconds, 0
     for count in range(base.num_microbatches - 1, lower_bound - 1, -1):
         if not layout.is_legal(count):
@@ -142,8 +166,10 @@ def _fewer_counts(
 
 
 def _more_counts(base: Candidate, timer: StepTimer, *, limit: int) -> list[Candidate]:
-    """The base plan's ranks repacked into more micro-batches, up to ``limit``, while that gets faster
-    (screened on the busiest ranks); the screened winner, timed on every rank."""
+    """The base plan's ranks repacked into more micro-batches, up to ``limit``: each count at least
+    :data:`COUNT_GROWTH` above the last, until :data:`MAX_STALE_COUNTS` in a row are not faster and the
+    count is :data:`SEARCH_SPAN` times the fastest so far. These are timed on the :data:`SCREEN_RANKS`
+    ranks with the most work (:meth:`StepTimer.busiest`); the best of them (:func:`choose`) on every rank."""
     layout, config = timer.config.layout, timer.config
     screened: list[Candidate] = []
     busiest = timer.busiest(base.plan)

@@ -1,10 +1,11 @@
-"""Packing samples into micro-batches under a token cap.
+"""Packing samples into micro-batches under a token cap (step 4 of the contract; step 5's global packing).
 
 Items are sample ids; ``sizes[i]`` is sample ``i``'s planned size (its token count
 rounded up to the pad multiple). A sample longer than the cap always sits alone in
 its own micro-batch; every other micro-batch's collated size is at most ``cap``: the
 sum of its sizes, or with ``padded_rows`` its sample count times its longest size
-(:mod:`~megatron_dpsched.core.padding`).
+(:mod:`~megatron_dpsched.core.padding`), so a sample of size ``s`` joins a micro-batch of
+``k`` samples whose longest is ``m`` only if ``(k + 1) * max(m, s) <= cap``.
 """
 
 from __future__ import annotations
@@ -200,8 +201,10 @@ def pack_into(
 ) -> list[list[int]] | None:
     """Pack ``items`` into exactly ``num_bins`` capped micro-batches, or ``None`` if they need more.
 
-    Worst-fit decreasing, else best-fit decreasing and splitting; with ``padded_rows`` the chunks
-    of :func:`chunk_decreasing`, split (each micro-batch then holds samples of similar length).
+    :func:`worst_fit_decreasing` (even micro-batches), else :func:`best_fit_decreasing` and
+    :func:`split_to_count` (the fullest split); with ``padded_rows`` the chunks of :func:`chunk_decreasing`
+    (the fewest), split into their longer and shorter samples (each micro-batch then holds samples of
+    similar length). Micro-batches are empty only when there are fewer items than ``num_bins``.
     """
     if padded_rows:
         bins = chunk_decreasing(items, sizes, cap)

@@ -1,5 +1,10 @@
-"""Planning one step: steps 2-7 of the spec in :mod:`megatron_dpsched.core.schedule` (step 7 in
-:mod:`megatron_dpsched.core.objective`)."""
+"""Planning one step: steps 2-5 and 7 of the contract in :mod:`megatron_dpsched.core.schedule`
+(step 6 in :mod:`~megatron_dpsched.core.ordering`, step 7's search in :mod:`~megatron_dpsched.core.objective`).
+
+Names: ``lengths`` are real token counts; ``sizes`` are planned sizes (what the cap counts,
+:func:`plan_step`); ``costs`` are what ranks are balanced by. Below :func:`plan_step`, sample ids
+are positions in the step.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ from collections.abc import Sequence
 from megatron_dpsched.core import padding
 from megatron_dpsched.core.balancing import assign_bins, lpt_assign, refine_by_moves
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
-from megatron_dpsched.core.objective import plan_for_step_time
+from megatron_dpsched.core.objective import MAX_STALE_COUNTS, plan_for_step_time
 from megatron_dpsched.core.ordering import order_micro_batches
 from megatron_dpsched.core.packing import (
     best_fit_decreasing,
@@ -25,14 +30,22 @@ from megatron_dpsched.core.padding import collated_size, planned_sizes
 def plan_step(
     samples: Sequence[int],
     *,
-    sizes: Sequence[int],
+    lengths: Sequence[int],
     costs: Sequence[float],
     config: ScheduleConfig,
 ) -> list[RankPlan]:
     """One step: per rank, its micro-batches (global sample ids) in run order.
 
-    ``sizes`` are the real lengths; the step is planned on their planned sizes (``pad_multiple``)."""
-    local_sizes = list(planned_sizes([sizes[i] for i in samples], pad_multiple=config.pad_multiple))
+    ``lengths`` and ``costs`` are indexed by global sample id. The step is planned on planned sizes
+    (lengths rounded up to ``pad_multiple``) wherever it counts tokens: the lower bound, rank
+    capacities, packing, the global packing, overflow repair and refinement moves, and the step-time
+    model's micro-batch times (what runs). Costs stay those of the real lengths: a cost is a property
+    of one sample, while the padding a sample carries under ``padded_rows`` depends on which samples
+    share its micro-batch, which step 3 does not know yet; per-sequence padding adds fewer than
+    ``pad_multiple`` tokens to a sample (and packed attention runs on the real ``cu_seqlens``); and the
+    lengths are what the plan stores, fingerprints and checks against the data.
+    """
+    local_sizes = list(planned_sizes([lengths[i] for i in samples], pad_multiple=config.pad_multiple))
     local_costs = [costs[i] for i in samples]
     if config.micro_batch_size is not None:
         ranks = _plan_static(local_sizes, local_costs, config=config)
@@ -48,7 +61,12 @@ def plan_step(
 
 
 def lower_bound_microbatches(sizes: Sequence[int], *, config: ScheduleConfig) -> int:
-    """Step 2: the fewest legal micro-batches per rank any plan of these samples (planned sizes) can run."""
+    """Step 2: ``M``, the fewest legal micro-batches per rank any plan of these samples can run.
+
+    With a token cap ``align(ceil(L / dp_size))``, ``L`` the :func:`~megatron_dpsched.core.packing.bin_lower_bound`
+    of the planned ``sizes`` under ``C`` (with ``padded_rows`` the count of step 4's chunking over the whole
+    step, the fewest possible); with ``micro_batch_size``, ``align(ceil(samples / (micro_batch_size * dp_size)))``.
+    """
     dp = config.dp_size
     if config.micro_batch_size is not None:
         needed = math.ceil(len(sizes) / (config.micro_batch_size * dp))
@@ -58,6 +76,9 @@ def lower_bound_microbatches(sizes: Sequence[int], *, config: ScheduleConfig) ->
 
 
 def _plan_static(sizes: list[int], costs: list[float], *, config: ScheduleConfig) -> list[RankPlan]:
+    """Steps 3-4 with ``micro_batch_size``: samples to ranks largest cost first, each to the least-loaded
+    rank with room for ``M * micro_batch_size`` samples (``balance="none"``: contiguous slices), then each
+    rank's samples chunked by length into ``M`` micro-batches."""
     dp, count = config.dp_size, len(sizes)
     num_microbatches = lower_bound_microbatches(sizes, config=config)
     if config.balance == "none":
@@ -87,17 +108,27 @@ def _chunk_by_length(items: list[int], sizes: Sequence[int], num_bins: int) -> R
 
 
 BALANCE_TOLERANCE = 0.02
-"""A larger micro-batch count must cut the busiest rank's cost by more than this share to be chosen."""
-MAX_STALE_COUNTS = 2
-"""Stop growing the count after this many larger counts in a row brought no better plan (the
-samples are too coarse to balance, e.g. dp_size + 1 equal samples)."""
+"""A plan is balanced when its busiest rank's cost is within this share of ``max(mean rank cost,
+dearest sample)``; a larger micro-batch count must cut the busiest rank's cost by more than this share
+to be chosen."""
 
 
 def _plan_dynamic(sizes: list[int], costs: list[float], *, config: ScheduleConfig) -> list[RankPlan]:
-    """Steps 3-5: the smallest count that balances, within the count of one global packing."""
+    """Steps 3-5 with a token cap: the smallest count that balances, within the count of one global packing.
+
+    Steps 3-4 at ``M`` (step 2); a balanced plan (:data:`BALANCE_TOLERANCE`) is kept. Otherwise (a rank
+    overflowed, or the cap kept ranks from balancing: heavy tails at high fill) the next legal counts are
+    tried, up to ``U``, the count of :func:`_global_packing` dealt to the ranks, or with ``balance_growth``
+    up to ``align(U * (1 + balance_growth))``; when ``M`` does not fit, :func:`_first_fitting_count` finds
+    the first count that does. A larger count is kept only if it cuts the busiest rank's cost by more than
+    :data:`BALANCE_TOLERANCE`; the search stops after :data:`~megatron_dpsched.core.objective.MAX_STALE_COUNTS`
+    larger counts in a row bring nothing. A plan not yet balanced is first refined (:func:`_refine`). If no
+    count up to ``U`` fits, :func:`_plan_by_bins` deals the global packing, which always works;
+    ``balance="none"`` goes straight to it.
+    """
     if config.balance == "none":
         return _plan_by_bins(_global_packing(sizes, config), sizes, costs, config=config)
-    ideal = max(sum(costs) / config.dp_size, max(costs))
+    balanced = _balanced_peak(costs, config)
     num_microbatches = lower_bound_microbatches(sizes, config=config)
     plan = _assign_and_pack(sizes, costs, config=config, num_microbatches=num_microbatches)
     global_bins: list[list[int]] | None = None
@@ -110,7 +141,7 @@ def _plan_dynamic(sizes: list[int], costs: list[float], *, config: ScheduleConfi
     stale = 0  # larger counts tried in a row without a better plan
     while True:
         peak = _peak_cost(plan, costs)
-        if peak > ideal * (1 + BALANCE_TOLERANCE):
+        if peak > balanced:
             global_bins = global_bins or _global_packing(sizes, config)
             upper = _bins_count(global_bins, config)
             if plan is None and best is None and num_microbatches >= upper:
@@ -121,7 +152,7 @@ def _plan_dynamic(sizes: list[int], costs: list[float], *, config: ScheduleConfi
         stale = stale + 1 if best is not None else 0
         if peak < best_peak * (1 - BALANCE_TOLERANCE):
             best, best_peak, stale = plan, peak, 0
-        if best_peak <= ideal * (1 + BALANCE_TOLERANCE) or stale >= MAX_STALE_COUNTS:
+        if best_peak <= balanced or stale >= MAX_STALE_COUNTS:
             return best
         limit = config.layout.align(math.ceil(upper * (1 + config.balance_growth)))
         if best is not None and num_microbatches >= limit:
@@ -153,14 +184,20 @@ def plan_at_count(
 ) -> list[RankPlan] | None:
     """Steps 3-4 at one count, refined as in step 5 when unbalanced; ``None`` if it does not fit."""
     plan = _assign_and_pack(sizes, costs, config=config, num_microbatches=num_microbatches)
-    ideal = max(sum(costs) / config.dp_size, max(costs))
-    if plan is not None and _peak_cost(plan, costs) > ideal * (1 + BALANCE_TOLERANCE):
+    if plan is not None and _peak_cost(plan, costs) > _balanced_peak(costs, config):
         _refine(plan, sizes, costs, config=config)
     return plan
 
 
+def _balanced_peak(costs: list[float], config: ScheduleConfig) -> float:
+    """The busiest rank's cost at which a plan counts as balanced (:data:`BALANCE_TOLERANCE`)."""
+    return max(sum(costs) / config.dp_size, max(costs)) * (1 + BALANCE_TOLERANCE)
+
+
 def _refine(plan: list[RankPlan], sizes: list[int], costs: list[float], *, config: ScheduleConfig) -> None:
-    """Step 5's refinement: single samples off the busiest rank (in place)."""
+    """Step 5's refinement (:func:`~megatron_dpsched.core.balancing.refine_by_moves`, in place): single samples
+    move off the busiest rank into a lighter rank's micro-batch with room while that lowers the busiest rank's
+    cost, at most ``4 * dp_size`` moves."""
     refine_by_moves(plan, sizes=sizes, costs=costs, cap=config.token_cap, max_moves=4 * config.dp_size,
                     padded_rows=config.padded_rows)
 
@@ -210,8 +247,9 @@ def _first_fitting_count(
 
 
 def _global_packing(sizes: list[int], config: ScheduleConfig) -> list[list[int]]:
-    """The better of best-fit decreasing and first fit in arrival order over the whole step; with
-    ``padded_rows`` the chunking of :func:`~megatron_dpsched.core.packing.chunk_decreasing` (the fewest)."""
+    """The better of best-fit decreasing and first fit in arrival order over the whole step (so never more
+    micro-batches than a global first fit); with ``padded_rows`` the chunking of
+    :func:`~megatron_dpsched.core.packing.chunk_decreasing` (the fewest)."""
     items, cap = range(len(sizes)), config.token_cap
     if config.padded_rows:
         return best_fit_decreasing(items, sizes, cap, padded_rows=True)
@@ -227,7 +265,9 @@ def _peak_cost(plan: list[RankPlan] | None, costs: list[float]) -> float:
 def _plan_by_bins(
     bins: list[list[int]], sizes: list[int], costs: list[float], *, config: ScheduleConfig
 ) -> list[RankPlan]:
-    """Step 5: global micro-batches split to ``M * dp_size`` and dealt to ranks."""
+    """Step 5's fallback: the global micro-batches ``bins`` split to ``U * dp_size``
+    (:func:`~megatron_dpsched.core.packing.split_to_count`) and dealt to ranks by LPT on cost, which always
+    works (``balance="none"``: round-robin)."""
     dp = config.dp_size
     num_microbatches = config.layout.align(math.ceil(len(bins) / dp))
     bins = split_to_count(bins, sizes, num_microbatches * dp, padded_rows=config.padded_rows)
@@ -238,7 +278,14 @@ def _plan_by_bins(
 def _assign_and_pack(
     sizes: list[int], costs: list[float], *, config: ScheduleConfig, num_microbatches: int
 ) -> list[RankPlan] | None:
-    """Steps 3-4 for one candidate micro-batch count; ``None`` if it does not fit."""
+    """Steps 3-4 for one candidate micro-batch count; ``None`` if it does not fit.
+
+    Step 3: samples to ranks by :func:`~megatron_dpsched.core.balancing.lpt_assign`, each rank with room for
+    ``num_microbatches * C`` capped tokens (a sample weighs ``min(size, C)``: an oversize sample fills one
+    micro-batch alone). Step 4: each rank's samples packed into exactly ``num_microbatches``
+    (:func:`~megatron_dpsched.core.packing.pack_into`); ranks whose samples need more hand some over
+    (:func:`_repair_overflow`).
+    """
     cap, rows = config.token_cap, config.padded_rows
     weights = [min(size, cap) for size in sizes]
     ranks = lpt_assign(
@@ -261,7 +308,8 @@ def _repair_overflow(
     config: ScheduleConfig,
     num_microbatches: int,
 ) -> list[RankPlan] | None:
-    """Move the samples of overflowing ranks' emptiest micro-batches to the lightest ranks with room."""
+    """A rank whose samples need more than ``num_microbatches`` micro-batches hands the samples of its emptiest
+    ones (best-fit decreasing, by collated size) to the least-loaded ranks with room; ``None`` if one fits nowhere."""
     cap, rows = config.token_cap, config.padded_rows
     loads = [sum(costs[i] for i in items) for items in ranks]
     homeless: list[int] = []
@@ -287,7 +335,7 @@ def _rehome(
 ) -> bool:
     """Each homeless sample (longest first) into the lightest rank with room; ``False`` if one fits nowhere."""
     cap, rows = config.token_cap, config.padded_rows
-    fills = [[_load(b, sizes) for b in bins] for bins in bins_per_rank]
+    fills = [[collated_size(b, sizes, padded_rows=False) for b in bins] for bins in bins_per_rank]
     longest = [[max((sizes[i] for i in b), default=0) for b in bins] for bins in bins_per_rank]
 
     def room(rank: int, b: int) -> int:
@@ -308,7 +356,3 @@ def _rehome(
         rooms[rank][b] = room(rank, b)
         loads[rank] += costs[item]
     return True
-
-
-def _load(items: Sequence[int], sizes: Sequence[int]) -> int:
-    return sum(sizes[i] for i in items)

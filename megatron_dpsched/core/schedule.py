@@ -1,133 +1,69 @@
-"""Global data-parallel micro-batch schedule: the specification.
+"""Global data-parallel micro-batch schedule: the contract.
 
-``build_dp_schedule`` plans every optimizer step of a stream of samples at
-once, from their token counts alone. It is pure Python (no torch, no
-Megatron), deterministic, and every rank that calls it with the same inputs
-gets the same plan, so no collective is needed.
+``build_dp_schedule`` plans every optimizer step of a stream of samples at once, from their
+token counts (``lengths``) alone. It is pure Python (no torch, no Megatron) and deterministic:
+every rank that calls it with the same inputs gets the same plan, so no collective is needed.
+:meth:`DPSchedule.step_fingerprint` gives a 63-bit hash of one step that the Megatron layer
+compares across ranks before the step runs.
 
-Every sample has a cost: ``cost_model(length)``, or without a ``cost_model``
-the library default ``s + s^2 / 49152`` (:data:`~megatron_dpsched.core.cost.DEFAULT_COST_MODEL`:
-tokens plus attention, shaped like a dense GPT layer of width 4096); with
-``balance="tokens"`` it is the token count. Steps 3-6 balance and order by it.
+Terms:
 
-Planned sizes. What the cap bounds is what collate builds. A sample's planned
-size is its length rounded up to ``pad_multiple`` (the multiple collate pads every
-sequence to: ``2 * CP``, times TP with sequence parallelism, the FP8 alignment); a
-micro-batch's collated size is the sum of its samples' planned sizes (packed
-``thd``), or with ``padded_rows`` (padded ``bshd``: one row per sample, each as long
-as the longest) its sample count times its longest planned size. Steps 2-5 and 7
-count planned sizes wherever they count tokens: the lower bound, rank capacities,
-packing, the global packing, overflow repair and refinement moves, and the step-time
-model's micro-batch times (what runs; with ``padded_rows`` ``rows x longest`` tokens and
-``rows x longest^2`` attention pairs). With ``pad_multiple=1`` and no ``padded_rows``
-(the defaults) planned sizes are the lengths. Costs stay those of the real lengths:
-a cost is a property of one sample, while the padding a sample carries under
-``padded_rows`` depends on which samples share its micro-batch, which step 3 does not
-know yet; per-sequence padding adds fewer than ``pad_multiple`` tokens to a sample (and
-packed attention runs on the real ``cu_seqlens``); and the lengths are what the plan
-stores, fingerprints and checks against the data.
+* cost: what ranks are balanced by, ``cost_model(length)`` or with ``balance="tokens"`` the
+  length (:func:`build_dp_schedule`); always that of the real length
+  (:func:`~megatron_dpsched.core.planning.plan_step`).
+* planned size: a sample's length rounded up to ``pad_multiple``; a micro-batch's collated
+  size is the sum of its samples' planned sizes, or with ``padded_rows`` its sample count times
+  its longest planned size (:mod:`~megatron_dpsched.core.padding`). With the defaults both are
+  token counts.
+* ``C = max_tokens_per_gpu * cp_size``: the token cap, on collated sizes.
+* count: micro-batches per rank in one step; ``align(n)`` is the smallest count of at least
+  ``n`` that Megatron's schedule accepts (:mod:`~megatron_dpsched.core.alignment`).
 
-Steps (per optimizer step; 1 here, 2-6 in :mod:`megatron_dpsched.core.planning`, 7 in
-:mod:`megatron_dpsched.core.objective`):
+Steps, for every optimizer step (each step's detail lives with the code it names):
 
-1. Cut the samples into steps: ``global_batch_size`` consecutive samples, or
-   ``global_batch_size`` groups (in order of their first sample) with all of
-   their samples. A trailing partial step is a smaller step, or with
-   ``drop_last`` is reported in ``dropped``.
-2. Lower bound: with a token cap ``C = max_tokens_per_gpu * cp_size`` the step
-   needs at least ``L = oversize + max(ceil(tokens / C), #samples > C/2)``
-   micro-batches (planned sizes; with ``padded_rows``, ``L`` is the count of the
-   chunking of step 4 over the whole step, which is the fewest possible),
-   so each rank runs at least ``M = align(ceil(L / dp_size))``,
-   where ``align`` gives the smallest count Megatron's schedule accepts
-   (interleaved rule, see :mod:`~megatron_dpsched.core.alignment`). With
-   ``micro_batch_size`` it is ``align(ceil(samples / (micro_batch_size * dp_size)))``.
-3. Assign samples to ranks, largest cost first, each to the least-loaded rank
-   that still has room (``M * C`` capped tokens, or ``M * micro_batch_size``
-   samples). With a token cap, stop here if the busiest rank is within 2% of
-   ``max(mean rank cost, dearest sample)``.
-4. Pack each rank's samples into exactly ``M`` micro-batches: worst-fit
-   decreasing (even micro-batches), else best-fit decreasing then splitting
-   the fullest micro-batches; empty micro-batches only when a rank has fewer
-   samples than ``M``. With ``padded_rows`` a sample of size ``s`` joins a
-   micro-batch of ``k`` samples whose longest is ``m`` only if
-   ``(k + 1) * max(m, s) <= C``; a rank's samples are chunked in decreasing size,
-   each micro-batch taking as many as its first (longest) allows, ``C // m`` (the
-   fewest micro-batches), and the largest micro-batches are split into their longer
-   and their shorter samples until there are ``M``. A rank whose samples need more
-   than ``M`` hands the samples of its emptiest micro-batches to the least-loaded
-   ranks with room.
-5. Otherwise (a rank overflowed, or the cap kept ranks from balancing: heavy
-   tails at high fill), retry with the next legal ``M``, up to ``U``, the count
-   of one global packing (the better of best-fit decreasing and first fit in
-   arrival order, so never more than a global first fit; with ``padded_rows`` the
-   chunking of step 4, the fewest), or with
-   ``balance_growth`` up to ``U * (1 + balance_growth)``. A larger ``M`` is
-   kept only if it cuts the busiest rank's cost by more than 2%; the search
-   stops after two larger counts in a row bring nothing. If no count
-   up to ``U`` fits, the global micro-batches are split to ``U * dp_size`` and
-   dealt to ranks by LPT, which always works. A plan that is not yet balanced
-   is first refined: single samples move off the busiest rank into a lighter
-   rank's micro-batch with room, while that lowers the busiest rank's cost.
-   ``balance="none"`` goes straight to this, dealing micro-batches round-robin.
-6. Order each rank's micro-batches: with ``pp_size > 1`` the cheapest at both
-   ends (pipeline warm-up and cool-down), the dearest in the middle.
-7. Only with a ``step_time_model`` (token cap and ``balance`` ``"cost"`` or
-   ``"tokens"``): steps 2-6 give the default plan at count ``D``; the step runs
-   whichever candidate has the smallest simulated step time (the slowest
-   rank's makespan, :func:`~megatron_dpsched.core.steptime.simulate_step`, on
-   the candidate ordered as in step 6). Candidates, all at legal counts of at
-   most ``B = max(M, align(n))`` with ``n`` the most samples a rank holds
-   (beyond ``B`` every rank would only add empty micro-batches; a default above
-   ``B`` is repacked to ``B``): the default; plans of steps 3-4 at each legal
-   count below ``D`` (refined as in step 5), downward until one does not fit or
-   two in a row are not faster; and with ``pp_size > 1`` the default's ranks
-   repacked (step 4) into more micro-batches, each count at least 10% above
-   the last, until two in a row are not faster and the count is twice the
-   fastest so far, up to ``B`` and, with ``balance_growth > 0``, up to
-   ``align(U * (1 + balance_growth))``; these are timed on the 8 ranks with the
-   most work, and the best of them (by the rule below) on every rank. (With
-   ``pp_size == 1`` a rank's time is the sum of its micro-batches' times, which
-   more micro-batches of the same samples never lower.) Of the candidates no
-   slower than the default, the one with the fewest micro-batches within 2% of
-   the fastest is chosen. So with ``pp_size == 1``, no per-micro-batch time and
-   costs proportional to the model's forward time, the plan is the default
-   plan whenever no count below ``D`` comes within 2% of it (step 5 kept ``D``
-   only for a cut of more than 2%).
+1. Cut: ``global_batch_size`` consecutive samples, or groups (in order of their first sample)
+   with all of their samples; a trailing partial step is a smaller step, or with ``drop_last``
+   goes to ``dropped`` (:func:`~megatron_dpsched.core.steps.split_steps`).
+2. Lower bound ``M``: the fewest legal micro-batches per rank any plan of the step can run
+   (:func:`~megatron_dpsched.core.planning.lower_bound_microbatches`).
+3. Assign samples to ranks by cost, largest first, each rank holding at most the count's worth
+   of micro-batches, ``M`` at first (:func:`~megatron_dpsched.core.balancing.lpt_assign`).
+4. Pack each rank's samples into exactly the step's count of micro-batches under ``C``
+   (:func:`~megatron_dpsched.core.packing.pack_into`, ``planning._assign_and_pack``).
+5. Choose the count: the fewest from ``M`` up whose plan balances the ranks, at most ``U``,
+   the count of one global packing of the step dealt to the ranks (with ``balance_growth``,
+   ``align(U * (1 + balance_growth))``); unbalanced plans are refined by moving single
+   samples, and a step no count fits gets the global packing dealt to the ranks
+   (``planning._plan_dynamic``).
+6. Order each rank's micro-batches: with ``pp_size > 1`` the cheapest at both ends
+   (:mod:`~megatron_dpsched.core.ordering`).
+7. Only with a ``step_time_model``: of candidate plans at counts from ``M`` to ``B = max(M,
+   align(n))``, ``n`` the most samples one rank holds, the one with the smallest simulated step
+   time, ties going to fewer micro-batches (:mod:`~megatron_dpsched.core.objective`).
 
-Invariants (checked by :meth:`DPSchedule.check`, for every accepted input):
+Invariants (checked by :meth:`DPSchedule.check` for every accepted input; its errors start
+with ``invariant N:``):
 
 1. Every rank runs the same ``num_microbatches[s]`` micro-batches in step ``s``.
-2. With ``max_tokens_per_gpu``, every micro-batch's collated size is at most
-   ``C = max_tokens_per_gpu * cp_size``, or the micro-batch is a single sample
-   (which alone may exceed it). The collated size is the sum over its samples of
-   their lengths rounded up to ``pad_multiple``; with ``padded_rows``, its sample
-   count times the longest of those rounded lengths (so with the defaults it is the
-   token count). With ``micro_batch_size``, at most that many samples.
-3. Flattening ``micro_batch_indices[r]`` gives ``range(len(partitions[r]))``;
-   partitions are disjoint and their union is every sample not in ``dropped``.
-4. ``num_microbatches[s]`` is legal for Megatron's schedule (interleaved rule
-   with ``vpp_size > 1``) and at least the aligned lower bound ``M`` of step 2.
-   Without a ``step_time_model`` it is also at most ``U`` (the count of one
-   global packing, step 5; ``align(U * (1 + balance_growth))`` with
-   ``balance_growth``); with one it may exceed ``U`` when the simulated step
-   time says more micro-batches are faster (step 7), but never ``B = max(M,
-   align(n_s))``, ``n_s`` the most samples one rank trains in step ``s``. The
-   checker verifies the bounds it can derive from the plan alone: ``M``, and
-   ``B`` for plans made with a ``step_time_model``.
-5. Samples of one group are in the same step; steps follow the input order;
-   every step but a trailing one holds exactly ``global_batch_size`` samples
-   (groups); ``step_num_samples[s]`` counts the samples of step ``s``; only a
-   trailing partial step can be dropped, and only with ``drop_last``.
-6. The plan is well formed: every length is an integer in ``1..2**31-1``,
-   every cost a finite number > 0, ``pad_multiple`` an integer of at most ``C``
-   (checked when the config is built), sample ids, positions and counts are
-   integers, there is at least one step, and every step trains at least one
-   sample. Steps and ``dropped`` are exactly the cut of step 1 (invariant 5).
-
-Every rank of a job that calls the planner with the same inputs gets the same
-plan; :meth:`DPSchedule.step_fingerprint` gives a 63-bit hash of one step that
-the Megatron layer compares across ranks before the step runs.
+2. With ``max_tokens_per_gpu``, every micro-batch's collated size is at most ``C``, or the
+   micro-batch is a single sample (which alone may exceed it). With ``micro_batch_size``, at
+   most that many samples.
+3. Flattening ``micro_batch_indices[r]`` gives ``range(len(partitions[r]))``; partitions are
+   disjoint and their union is every sample not in ``dropped``.
+4. ``num_microbatches[s]`` is legal for Megatron's schedule (interleaved rule with
+   ``vpp_size > 1``) and at least ``M``. Without a ``step_time_model`` it is at most ``U``
+   (step 5); with one it may exceed ``U`` when the simulated step time says more micro-batches
+   are faster, but never ``B`` (step 7). The checker verifies the bounds it can derive from the
+   plan alone: ``M``, and ``B`` for plans made with a ``step_time_model``.
+5. Samples of one group are in the same step; steps follow the input order; every step but a
+   trailing one holds exactly ``global_batch_size`` samples (groups); ``step_num_samples[s]``
+   counts the samples of step ``s``; only a trailing partial step can be dropped, and only
+   with ``drop_last``.
+6. The plan is well formed: every length is an integer in ``1..2**31-1``, every cost a finite
+   number > 0, ``pad_multiple`` an integer of at most ``C`` (checked when the config is
+   built), sample ids, positions and counts are integers, there is at least one step, and
+   every step trains at least one sample. Steps and ``dropped`` are exactly the cut of step 1
+   (invariant 5).
 """
 
 from __future__ import annotations
@@ -285,7 +221,7 @@ def build_dp_schedule(
     ``s + s^2 / 49152`` (tokens plus attention, quadratic-aware, the shape of a dense GPT of width
     4096), not raw tokens; ``balance="tokens"`` balances token counts, ``balance="none"`` nothing
     (micro-batches dealt round-robin; costs still order them). ``pad_multiple`` and ``padded_rows``
-    make the cap bound collated micro-batches (see "Planned sizes" in the module docstring).
+    make the cap bound collated micro-batches (see the terms in the module docstring).
     """
     config = ScheduleConfig(
         dp_size=dp_size,
@@ -315,21 +251,21 @@ def plan_schedule(
     cost_model: CostFunction | None = None,
 ) -> DPSchedule:
     """:func:`build_dp_schedule` with the options already gathered in a :class:`ScheduleConfig`."""
-    sizes = require_lengths(lengths)
+    lengths = require_lengths(lengths)
     _check_static_layout(config, groups)
     steps, dropped = split_steps(
-        len(sizes), global_batch_size=config.global_batch_size, groups=groups, drop_last=config.drop_last
+        len(lengths), global_batch_size=config.global_batch_size, groups=groups, drop_last=config.drop_last
     )
     if not steps:
         raise ValueError(
-            f"lengths holds {len(sizes)} samples, fewer than one global_batch_size="
+            f"lengths holds {len(lengths)} samples, fewer than one global_batch_size="
             f"{config.global_batch_size} step, and drop_last=True would drop them all"
         )
     _check_plan_size(config, steps)
     require_cost_model(cost_model)
-    costs = sample_costs(sizes, _cost_function(config, cost_model))
-    plans = [plan_step(step, sizes=sizes, costs=costs, config=config) for step in steps]
-    return assemble_schedule(plans, sizes=sizes, costs=costs, groups=groups, config=config, dropped=dropped)
+    costs = sample_costs(lengths, _cost_function(config, cost_model))
+    plans = [plan_step(step, lengths=lengths, costs=costs, config=config) for step in steps]
+    return assemble_schedule(plans, lengths=lengths, costs=costs, groups=groups, config=config, dropped=dropped)
 
 
 def _cost_function(config: ScheduleConfig, cost_model: CostFunction | None) -> CostFunction | None:
@@ -378,7 +314,7 @@ def _check_static_layout(config: ScheduleConfig, groups: Sequence[Hashable] | No
 def assemble_schedule(
     plans: list[list[RankPlan]],
     *,
-    sizes: tuple[int, ...],
+    lengths: Sequence[int],
     costs: tuple[float, ...],
     groups: Sequence[Hashable] | None,
     config: ScheduleConfig,
@@ -395,7 +331,7 @@ def assemble_schedule(
                 micro_batch_indices[rank].append(tuple(range(start, start + len(mb))))
     return DPSchedule(
         config=config,
-        lengths=sizes,
+        lengths=tuple(lengths),
         costs=costs,
         groups=None if groups is None else tuple(_plain(g) for g in groups),
         partitions=tuple(tuple(p) for p in partitions),

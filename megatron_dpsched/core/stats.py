@@ -94,21 +94,21 @@ def _capped_tokens(per_rank: list, lengths: tuple[int, ...], cap: int) -> int:
     return sum(min(cap, sum(lengths[i] for i in mb)) for rank in per_rank for mb in rank)
 
 
-def capacity_load_bound(sizes: list[int], *, dp_size: int, num_microbatches: int, cap: int | None) -> float:
+def capacity_load_bound(lengths: list[int], *, dp_size: int, num_microbatches: int, cap: int | None) -> float:
     """A lower bound on the busiest rank's tokens when every rank runs ``num_microbatches`` capped micro-batches.
 
-    A rank carries at most ``M * cap`` tokens plus the excess ``size - cap`` of the oversize
+    A rank carries at most ``M * cap`` tokens plus the excess ``length - cap`` of the oversize
     samples it holds, and excess beyond what lifts it to the level ``L`` is wasted. So ``L`` is
     feasible only if ``total - dp * M * cap <= sum(min(L - M * cap, excess))`` over oversize
     samples; the smallest such ``L`` (and at least the mean and the longest sample) is returned.
     """
-    total = sum(sizes)
-    level = max(total / dp_size, max(sizes))
+    total = sum(lengths)
+    level = max(total / dp_size, max(lengths))
     if cap is None:
         return level
     room = num_microbatches * cap
     shortfall = total - dp_size * room
-    excess = [size - cap for size in sizes if size > cap]
+    excess = [length - cap for length in lengths if length > cap]
 
     def feasible(candidate: float) -> bool:
         return shortfall <= sum(min(candidate - room, e) for e in excess)

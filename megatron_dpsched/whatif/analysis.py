@@ -194,7 +194,7 @@ def plan_ours(
             tick(part.num_steps)
     sizes = tuple(lengths)
     costs = sample_costs(sizes, None if config.balance == "tokens" else cost_model)
-    return assemble_schedule(plans, sizes=sizes, costs=costs, groups=None, config=config, dropped=dropped)
+    return assemble_schedule(plans, lengths=sizes, costs=costs, groups=None, config=config, dropped=dropped)
 
 
 def _step_plans(schedule: DPSchedule, *, offset: int) -> list[list[list[int]]]:
