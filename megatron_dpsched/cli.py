@@ -364,9 +364,9 @@ def calibration_lines(cost_file: CostModelFile) -> list[str]:
     lines = [
         f"fitted on {report['n']} step records (steps {report['steps'][0]}-{report['steps'][-1]}, {report['n_rows']} "
         f"{report['rows']} rows, {report['time']} time, {report['lengths']} lengths, backward factor "
-        f"{cost_file.backward_factor:g}"
+        f"{cost_file.step_time.backward_factor:g}"
         f"{', Huber' if report['robust'] else ''})",
-        *(f"  {label:<29}: {getattr(cost_file, name):.4g}{_plus_minus(report, name)}" for name, label in (
+        *(f"  {label:<29}: {getattr(cost_file.step_time, name):.4g}{_plus_minus(report, name)}" for name, label in (
             ("seconds_per_token", "seconds per token"), ("seconds_per_token_pair", "seconds per sum(length^2)"),
             ("seconds_per_microbatch", "seconds per micro-batch"))),
         f"  R^2                          : {report['r_squared']:.4f}",
