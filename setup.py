@@ -17,8 +17,9 @@ setup(
     extras_require={
         "megatron": ["torch>=2.6", "megatron-core>=0.19,<0.20"],
         "test": ["pytest>=8", "hypothesis>=6.100", "ruff>=0.6", "psutil>=5.9", "tensorboard>=2.15",
-                 "transformers>=4.45", "tokenizers>=0.20"],
-        "demo": ["matplotlib>=3.8"],
+                 "transformers>=4.45", "tokenizers>=0.20", "scipy>=1.10"],
+        "demo": ["matplotlib>=3.8", "scipy>=1.10"],
+        "calibrate": ["scipy>=1.10"],
     },
     entry_points={"console_scripts": ["megatron-dpsched=megatron_dpsched.cli:main"]},
     classifiers=["Programming Language :: Python :: 3", "Topic :: Scientific/Engineering :: Artificial Intelligence"],

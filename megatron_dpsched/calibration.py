@@ -17,7 +17,10 @@ iteratively reweighted least squares), after dropping the first ``warmup_steps``
 (allocator and autotuning warm-up). With pipeline parallelism a step's time includes bubbles
 that depend on the micro-batch order, so the fit takes PP=1 records only: calibrate on a
 PP=1 run of the same model per stage; the planner's simulation adds the pipeline.
-Pure Python (no NumPy, no torch).
+
+The non-negative least squares is SciPy's ``scipy.optimize.nnls`` (Lawson-Hanson active set), the standard
+errors come from NumPy; both are imported when fitting (``pip install megatron-dpsched[calibrate]``), so
+reading records and the rest of the package work without them. No torch.
 """
 
 from __future__ import annotations
@@ -27,11 +30,11 @@ import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import combinations
 from pathlib import Path
 from typing import Any
 
 from megatron_dpsched.core.cost import CostModel, CostModelFile
+from megatron_dpsched.core.steptime import StepTimeModel
 from megatron_dpsched.core.validation import is_int, is_real
 
 LENGTH_FIGURES = {"real": ("real_tokens", "sum_sq_lengths"), "padded": ("padded_tokens", "padded_sum_sq")}
@@ -73,29 +76,22 @@ class StepSample:
 class CalibrationFit:
     """Fitted coefficients and how well they predict the samples they were fitted on."""
 
-    seconds_per_token: float
-    """``a``: forward seconds per token."""
-    seconds_per_token_pair: float
-    """``b``: forward seconds per unit of ``sum(length ** 2)``."""
-    seconds_per_microbatch: float
-    """``c``: fixed forward seconds of a micro-batch."""
-    backward_factor: float
-    """``k``, as given (not fitted)."""
+    step_time_model: StepTimeModel
+    """``a``, ``b``, ``c`` as fitted (seconds per token, per unit of ``sum(length ** 2)``, per micro-batch of
+    one forward) and ``k``, the backward factor, as given (not fitted)."""
     report: Mapping[str, Any]
     """``n``, ``r_squared``, relative errors (``mean``, ``max``, per rank) and the options of the fit."""
 
     def predict(self, sample: StepSample) -> float:
         """Predicted seconds of ``sample``'s step on its rank."""
-        return (1 + self.backward_factor) * (self.seconds_per_token * sample.tokens
-                                             + self.seconds_per_token_pair * sample.sum_sq
-                                             + self.seconds_per_microbatch * sample.micro_batches)
+        model = self.step_time_model
+        return (1 + model.backward_factor) * (model.seconds_per_token * sample.tokens
+                                              + model.seconds_per_token_pair * sample.sum_sq
+                                              + model.seconds_per_microbatch * sample.micro_batches)
 
     def to_file(self, *, cost_model: CostModel | None = None) -> CostModelFile:
-        """The cost-model file ``--dp-schedule-cost-model`` loads."""
-        return CostModelFile(seconds_per_token=self.seconds_per_token,
-                             seconds_per_token_pair=self.seconds_per_token_pair,
-                             seconds_per_microbatch=self.seconds_per_microbatch,
-                             backward_factor=self.backward_factor, cost_model=cost_model, fit=dict(self.report))
+        """The cost-model file ``--dp-schedule-cost-model`` and ``megatron-dpsched plan --cost-model`` load."""
+        return CostModelFile(step_time=self.step_time_model, cost_model=cost_model, fit=dict(self.report))
 
 
 def read_records(path: str | Path) -> list[dict[str, Any]]:
@@ -211,15 +207,17 @@ def fit(
                          "sum(length^2)): the records' micro-batch counts, tokens and squared lengths do not vary "
                          "independently enough; record steps whose micro-batches differ more (a smaller token cap, "
                          "more steps)")
-    result = CalibrationFit(seconds_per_token=a, seconds_per_token_pair=b, seconds_per_microbatch=c,
-                            backward_factor=backward_factor, report={})
-    report = {**fit_report(result, usable), "robust": robust, "rows": "micro-batch" if len(rows) > len(usable)
-              else "step", "n_rows": len(rows), "standard_errors": standard_errors(rows, targets, coefficients)}
-    return CalibrationFit(seconds_per_token=a, seconds_per_token_pair=b, seconds_per_microbatch=c,
-                          backward_factor=backward_factor, report=report)
+    model = StepTimeModel(seconds_per_token=a, seconds_per_token_pair=b, seconds_per_microbatch=c,
+                          backward_factor=backward_factor)
+    report = {**fit_report(CalibrationFit(step_time_model=model, report={}), usable), "robust": robust,
+              "rows": "micro-batch" if len(rows) > len(usable) else "step", "n_rows": len(rows),
+              "standard_errors": standard_errors(rows, targets, coefficients)}
+    return CalibrationFit(step_time_model=model, report=report)
 
 
 COEFFICIENTS = ("seconds_per_token", "seconds_per_token_pair", "seconds_per_microbatch")
+CONDITION_LIMIT = 1e10
+"""Standard errors are left out (``None``) when the scaled normal matrix is this badly conditioned."""
 
 
 def _rows(samples: Sequence[StepSample], backward_factor: float) -> tuple[list[list[float]], list[float]]:
@@ -232,26 +230,59 @@ def _rows(samples: Sequence[StepSample], backward_factor: float) -> tuple[list[l
     return [[k * s.tokens, k * s.sum_sq, k * s.micro_batches] for s in samples], [s.seconds for s in samples]
 
 
+def _numerics() -> tuple[Any, Any]:
+    """``(numpy, scipy.optimize.nnls)``, or a one-line ``ValueError`` naming the extra that installs them."""
+    try:
+        import numpy
+        from scipy.optimize import nnls as scipy_nnls
+    except ImportError as error:
+        raise ValueError(f"megatron-dpsched calibrate needs SciPy and NumPy ({error}): "
+                         "pip install 'megatron-dpsched[calibrate]'") from None
+    return numpy, scipy_nnls
+
+
+def _weighted(rows: Sequence[Sequence[float]], targets: Sequence[float], weights: Sequence[float]) -> tuple[Any, Any]:
+    """The design matrix and targets with every row multiplied by the square root of its weight."""
+    np, _ = _numerics()
+    root = np.sqrt(np.asarray(weights, dtype=float))
+    return np.asarray(rows, dtype=float) * root[:, None], np.asarray(targets, dtype=float) * root
+
+
+def nnls(rows: Sequence[Sequence[float]], targets: Sequence[float], weights: Sequence[float]) -> list[float]:
+    """Weighted non-negative least squares: ``x >= 0`` minimizing ``sum(w * (row . x - target) ** 2)``, by
+    ``scipy.optimize.nnls`` on unit-norm columns (the columns' scales differ by orders of magnitude)."""
+    np, scipy_nnls = _numerics()
+    design, target = _weighted(rows, targets, weights)
+    scale = np.linalg.norm(design, axis=0)
+    scale[scale == 0] = 1.0  # an all-zero column's coefficient stays 0
+    solution, _ = scipy_nnls(design / scale, target)
+    return [float(x) for x in solution / scale]
+
+
 def standard_errors(
     rows: Sequence[Sequence[float]], targets: Sequence[float], coefficients: Sequence[float]
 ) -> dict[str, float | None]:
     """Per coefficient, its standard error from the relative residuals (weighted least squares on the
-    coefficients left positive); ``None`` for one held at 0 or too few rows."""
-    support = [c for c, value in enumerate(coefficients) if value > 0]
+    coefficients left positive); ``None`` for one held at 0, too few rows or a near-singular fit."""
+    np, _ = _numerics()
     errors: dict[str, float | None] = dict.fromkeys(COEFFICIENTS)
+    support = [c for c, value in enumerate(coefficients) if value > 0]
     if not support or len(rows) <= len(support):
         return errors
-    weights = [1.0 / (t * t) for t in targets]
-    residual = sum(w * (_dot(r, coefficients) - t) ** 2 for r, t, w in zip(rows, targets, weights, strict=True))
-    variance = residual / (len(rows) - len(support))
-    scale = [math.sqrt(sum(w * r[c] ** 2 for r, w in zip(rows, weights, strict=True))) for c in support]
-    matrix = [[sum(w * r[i] * r[j] for r, w in zip(rows, weights, strict=True)) / (scale[a] * scale[b])
-               for b, j in enumerate(support)] for a, i in enumerate(support)]
+    design, target = _weighted(rows, targets, [1.0 / (t * t) for t in targets])
+    residual = design @ np.asarray(coefficients, dtype=float) - target
+    variance = float(residual @ residual) / (len(rows) - len(support))
+    columns = design[:, support]
+    scale = np.linalg.norm(columns, axis=0)
+    if not np.all(scale > 0):
+        return errors
+    normal = (columns / scale).T @ (columns / scale)
+    if np.linalg.cond(normal) > CONDITION_LIMIT:
+        return errors
+    covariance = np.linalg.inv(normal)
     for position, column in enumerate(support):
-        unit = [1.0 if i == position else 0.0 for i in range(len(support))]
-        inverse = _solve(matrix, unit)
-        if inverse is not None and inverse[position] >= 0:
-            errors[COEFFICIENTS[column]] = math.sqrt(variance * inverse[position]) / scale[position]
+        errors[COEFFICIENTS[column]] = math.sqrt(variance * max(float(covariance[position, position]), 0.0)) \
+            / float(scale[position])
     return errors
 
 
@@ -282,63 +313,5 @@ def _huber_weights(residuals: Sequence[float]) -> list[float]:
     return [1.0 if delta <= 0 or abs(r) <= delta else delta / abs(r) for r in residuals]
 
 
-def nnls(rows: Sequence[Sequence[float]], targets: Sequence[float], weights: Sequence[float]) -> list[float]:
-    """Weighted non-negative least squares for a few unknowns: the best of the unconstrained solutions on
-    every subset of the unknowns that come out non-negative (exact: the optimum is one of them)."""
-    width = len(rows[0])
-    best, best_loss = [0.0] * width, _loss(rows, targets, weights, [0.0] * width)
-    for size in range(1, width + 1):
-        for support in combinations(range(width), size):
-            solution = _least_squares(rows, targets, weights, support)
-            if solution is None or min(solution) < 0:
-                continue
-            full = [0.0] * width
-            for column, value in zip(support, solution, strict=True):
-                full[column] = value
-            loss = _loss(rows, targets, weights, full)
-            if loss < best_loss:
-                best, best_loss = full, loss
-    return best
-
-
-def _least_squares(
-    rows: Sequence[Sequence[float]], targets: Sequence[float], weights: Sequence[float], support: Sequence[int]
-) -> list[float] | None:
-    """Normal equations on the ``support`` columns (scaled to unit norm); ``None`` when singular."""
-    scale = [math.sqrt(sum(w * row[c] ** 2 for row, w in zip(rows, weights, strict=True))) for c in support]
-    if min(scale) == 0:
-        return None
-    columns = [[row[c] / s for c, s in zip(support, scale, strict=True)] for row in rows]
-    n = len(support)
-    matrix = [[sum(w * r[i] * r[j] for r, w in zip(columns, weights, strict=True)) for j in range(n)]
-              for i in range(n)]
-    vector = [sum(w * r[i] * t for r, w, t in zip(columns, weights, targets, strict=True)) for i in range(n)]
-    solution = _solve(matrix, vector)
-    return None if solution is None else [x / s for x, s in zip(solution, scale, strict=True)]
-
-
-def _solve(matrix: list[list[float]], vector: list[float]) -> list[float] | None:
-    """Gaussian elimination with partial pivoting; ``None`` for a (nearly) singular matrix."""
-    n = len(vector)
-    a = [row[:] + [v] for row, v in zip(matrix, vector, strict=True)]
-    for col in range(n):
-        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
-        if abs(a[pivot][col]) < 1e-10:
-            return None
-        a[col], a[pivot] = a[pivot], a[col]
-        for r in range(col + 1, n):
-            factor = a[r][col] / a[col][col]
-            a[r] = [x - factor * y for x, y in zip(a[r], a[col], strict=True)]
-    solution = [0.0] * n
-    for r in range(n - 1, -1, -1):
-        solution[r] = (a[r][n] - sum(a[r][c] * solution[c] for c in range(r + 1, n))) / a[r][r]
-    return solution
-
-
 def _dot(row: Sequence[float], coefficients: Sequence[float]) -> float:
     return sum(x * c for x, c in zip(row, coefficients, strict=True))
-
-
-def _loss(rows: Sequence[Sequence[float]], targets: Sequence[float], weights: Sequence[float],
-          coefficients: Sequence[float]) -> float:
-    return sum(w * (_dot(row, coefficients) - t) ** 2 for row, t, w in zip(rows, targets, weights, strict=True))

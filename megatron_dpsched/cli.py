@@ -34,7 +34,7 @@ from megatron_dpsched.whatif.analysis import (
     plan_warnings,
 )
 from megatron_dpsched.whatif.inputs import load_sample_lengths, read_lengths
-from megatron_dpsched.whatif.model import model_from_flags
+from megatron_dpsched.whatif.model import simulation_from_flags
 from megatron_dpsched.whatif.progress import Progress
 from megatron_dpsched.whatif.report import header_lines, report_json, table_lines
 
@@ -125,8 +125,9 @@ def _add_planning(plan: argparse.ArgumentParser) -> None:
 
 def _add_model(plan: argparse.ArgumentParser) -> None:
     group = plan.add_argument_group(
-        "model", "the FLOPs of a sample, for --balance cost and the step times (Megatron's flag names); "
-        "without them, or --cost-model, the Llama-3-8B shape")
+        "model", "what a sample costs, for --balance cost and the step times: a model shape's FLOPs (Megatron's "
+        "flag names, or --model-shape; without either, the Llama-3-8B shape) at --flops-per-gpu, or the measured "
+        "costs of --cost-model")
     for flag, what in (("--hidden-size", "model width"), ("--num-layers", "transformer layers"),
                        ("--num-attention-heads", "attention heads"),
                        ("--num-query-groups", "key/value heads (grouped-query attention)"),
@@ -134,16 +135,20 @@ def _add_model(plan: argparse.ArgumentParser) -> None:
                        ("--vocab-size", "vocabulary size of the output layer (default 0: left out)")):
         group.add_argument(flag, type=POSITIVE, help=what)
     group.add_argument("--swiglu", action="store_true", help="gated MLP (three weight matrices)")
-    group.add_argument("--cost-model", metavar="FILE",
+    group.add_argument("--model-shape", metavar="FILE",
                        help="JSON object of CostModel fields instead of the flags above, e.g. "
                             '{"hidden_size": 4096, "num_layers": 32, "num_attention_heads": 32}')
+    group.add_argument("--cost-model", metavar="FILE",
+                       help="the cost-model file 'megatron-dpsched calibrate' writes (as --dp-schedule-cost-model "
+                            "in training): balance its measured per-sample cost and simulate with its step-time "
+                            "model, instead of a model shape, --flops-per-gpu and --microbatch-overhead")
 
 
 def _add_simulation(plan: argparse.ArgumentParser) -> None:
     group = plan.add_argument_group("step-time simulation")
-    group.add_argument("--flops-per-gpu", type=GREATER_THAN_ZERO, default=4e14, metavar="FLOPS",
+    group.add_argument("--flops-per-gpu", type=GREATER_THAN_ZERO, metavar="FLOPS",
                        help="FLOP/s one GPU achieves on this model (default 4e14)")
-    group.add_argument("--microbatch-overhead", type=NON_NEGATIVE, default=0.0, metavar="SECONDS",
+    group.add_argument("--microbatch-overhead", type=NON_NEGATIVE, metavar="SECONDS",
                        help="fixed forward time of every micro-batch, in seconds (default 0)")
     group.add_argument("--objective", choices=("step-time", "micro-batches"), default=None,
                        help="what dp-schedule's plan minimises: the simulated step time (default with --pp-size > 1 "
@@ -224,17 +229,15 @@ def _as_flags(message: str) -> str:
     return re.sub(r"\b(" + "|".join(FLAG_NAMES) + r")\b", lambda m: "--" + m.group(1).replace("_", "-"), message)
 
 
-def _step_time_model(args: argparse.Namespace, model: object) -> StepTimeModel | None:
+def _step_time_model(args: argparse.Namespace, simulation: Simulation) -> StepTimeModel | None:
     """The simulation's step-time model when dp-schedule plans for the step time (``--objective``)."""
     objective = args.objective or ("step-time" if args.pp_size > 1 and args.max_tokens_per_gpu else "micro-batches")
     if objective == "micro-batches":
         return None
     try:
-        return StepTimeModel.from_cost_model(
-            model, flops_per_second=args.flops_per_gpu * args.tp_size * args.cp_size,
-            seconds_per_microbatch=args.microbatch_overhead)
+        return simulation.timing(cp_size=args.cp_size)
     except ValueError as error:
-        raise ValueError(_as_flags(str(error)) + f" (from --flops-per-gpu {args.flops_per_gpu:g})") from None
+        raise ValueError(_as_flags(str(error)) + f" (from --flops-per-gpu {simulation.flops_per_gpu:g})") from None
 
 
 def _planned_sizes(args: argparse.Namespace) -> dict[str, object]:
@@ -267,16 +270,14 @@ def _config(args: argparse.Namespace, *, step_time_model: StepTimeModel | None =
 
 def _what_if(args: argparse.Namespace) -> tuple[WhatIf, str, str]:
     lengths, kind = load_sample_lengths(args.input)
-    model, model_source = model_from_flags(args)
-    config = _config(args, step_time_model=_step_time_model(args, model))
-    simulation = Simulation(cost_model=model, tp_size=args.tp_size, flops_per_gpu=args.flops_per_gpu,
-                            seconds_per_microbatch=args.microbatch_overhead, collate_format=args.collate_format)
+    simulation, model_source = simulation_from_flags(args)
+    config = _config(args, step_time_model=_step_time_model(args, simulation))
     shown = args.progress or sys.stderr.isatty()
     gbs = config.global_batch_size
     steps = len(lengths) // gbs if config.drop_last else -(-len(lengths) // gbs)
     try:
         with Progress("planning", steps, enabled=shown) as bar:
-            ours = plan_ours(lengths, config=config, cost_model=model, tick=bar.update)
+            ours = plan_ours(lengths, config=config, cost_model=simulation.cost_model, tick=bar.update)
         with Progress("baselines", len(BASELINE_NAMES) if config.token_cap else 0, enabled=shown) as bar:
             schedules = {OURS: ours, **plan_baselines(ours, tick=bar.update)}
         with Progress("simulating", schedules[OURS].num_steps, enabled=shown) as bar:
@@ -354,7 +355,8 @@ def _run_calibrate(args: argparse.Namespace) -> int:
     for line in calibration_lines(cost_file):
         print(line)
     if args.output:
-        print(f"wrote {args.output} (load it with --dp-schedule-cost-model {args.output})")
+        print(f"wrote {args.output} (load it with --dp-schedule-cost-model {args.output} in training, or "
+              f"megatron-dpsched plan ... --cost-model {args.output})")
     return 0
 
 
@@ -364,9 +366,9 @@ def calibration_lines(cost_file: CostModelFile) -> list[str]:
     lines = [
         f"fitted on {report['n']} step records (steps {report['steps'][0]}-{report['steps'][-1]}, {report['n_rows']} "
         f"{report['rows']} rows, {report['time']} time, {report['lengths']} lengths, backward factor "
-        f"{cost_file.backward_factor:g}"
+        f"{cost_file.step_time.backward_factor:g}"
         f"{', Huber' if report['robust'] else ''})",
-        *(f"  {label:<29}: {getattr(cost_file, name):.4g}{_plus_minus(report, name)}" for name, label in (
+        *(f"  {label:<29}: {getattr(cost_file.step_time, name):.4g}{_plus_minus(report, name)}" for name, label in (
             ("seconds_per_token", "seconds per token"), ("seconds_per_token_pair", "seconds per sum(length^2)"),
             ("seconds_per_microbatch", "seconds per micro-batch"))),
         f"  R^2                          : {report['r_squared']:.4f}",

@@ -7,7 +7,7 @@
 #   use with Python 3.12, torch 2.13.0 (a CUDA build that also runs on the CPU), megatron-core 0.19.2
 #   and this package.
 set -euo pipefail
-NEEDED='import megatron.core, torch, hypothesis, psutil, tensorboard, matplotlib, transformers, tokenizers, megatron_dpsched'
+NEEDED='import megatron.core, torch, hypothesis, psutil, tensorboard, matplotlib, transformers, tokenizers, scipy, megatron_dpsched'
 find_python() {
   for candidate in python3.12 python3; do
     if command -v "$candidate" >/dev/null 2>&1 \

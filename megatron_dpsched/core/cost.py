@@ -43,17 +43,14 @@ of a dense GPT layer of width 4096 without logits (see :data:`DEFAULT_ATTENTION_
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from megatron_dpsched.core.steptime import StepTimeModel
 from megatron_dpsched.core.validation import is_int, is_real, require_bool, require_costs, require_int
-
-if TYPE_CHECKING:
-    from megatron_dpsched.core.steptime import StepTimeModel
 
 MAX_DIMENSION = 2**31 - 1
 """Upper bound on a model dimension (a guard on absurd sizes)."""
@@ -354,14 +351,18 @@ COST_MODEL_FILE_FORMAT = "megatron-dpsched-cost-model"
 """The ``format`` field of a cost-model file (what ``megatron-dpsched calibrate`` writes)."""
 COST_MODEL_FILE_VERSION = 1
 """The ``version`` field this code writes and reads."""
-STEP_TIME_FIELDS = ("seconds_per_token", "seconds_per_token_pair", "seconds_per_microbatch", "backward_factor")
-"""The step-time coefficients a cost-model file holds (the fields of ``StepTimeModel``)."""
+STEP_TIME_FIELDS = tuple(f.name for f in fields(StepTimeModel))
+"""The step-time coefficients a cost-model file holds: the fields of ``StepTimeModel``."""
+REQUIRED_STEP_TIME_FIELDS = STEP_TIME_FIELDS[:3]
+"""The coefficients a file must give (``backward_factor`` defaults to ``StepTimeModel``'s)."""
+FILE_FIELDS = ("format", "version", "step_time_model", "cost_model", "fit")
+"""The keys of a cost-model file's JSON object."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class CostModelFile:
-    """A cost-model file: measured step-time coefficients (rule 1 of ``core/steptime.py``), optionally the
-    FLOPs model of the GPT they were measured on, and the fit that produced them.
+    """A cost-model file: a measured :class:`StepTimeModel` (rule 1 of ``core/steptime.py``), optionally the
+    FLOPs model of the GPT it was measured on, and the fit that produced it.
 
     As JSON::
 
@@ -371,27 +372,18 @@ class CostModelFile:
          "cost_model": {CostModel fields} or null, "fit": {...} or null}
     """
 
-    seconds_per_token: float
-    """Forward seconds per real token over the whole model."""
-    seconds_per_token_pair: float
-    """Forward seconds per unit of ``sum(length ** 2)`` (the attention term)."""
-    seconds_per_microbatch: float
-    """Fixed forward seconds of every micro-batch."""
-    backward_factor: float = 2.0
-    """Backward time / forward time of the same micro-batch."""
+    step_time: StepTimeModel
+    """The measured coefficients (the file's ``step_time_model``): seconds per token, per unit of
+    ``sum(length ** 2)`` and per micro-batch of one rank's forward, and the backward factor."""
     cost_model: CostModel | None = None
     """The FLOPs model of the measured GPT, kept for reference; the planner balances :meth:`sample_cost`."""
     fit: Mapping[str, Any] | None = None
     """How the coefficients were obtained (``megatron-dpsched calibrate``'s report); not read by the planner."""
 
     def __post_init__(self) -> None:
-        for name in STEP_TIME_FIELDS:
-            value = getattr(self, name)
-            if not is_real(value) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"step_time_model.{name} must be a finite number >= 0, got {value!r}")
-        if self.backward_factor <= 0:
-            raise ValueError(f"step_time_model.backward_factor must be > 0, got {self.backward_factor!r}")
-        if self.seconds_per_token <= 0 and self.seconds_per_token_pair <= 0:
+        if not isinstance(self.step_time, StepTimeModel):
+            raise ValueError(f"step_time must be a StepTimeModel, got {type(self.step_time).__name__}")
+        if self.step_time.seconds_per_token <= 0 and self.step_time.seconds_per_token_pair <= 0:
             raise ValueError("step_time_model.seconds_per_token and seconds_per_token_pair are both 0: a sample "
                              "would cost nothing")
         if self.cost_model is not None and not isinstance(self.cost_model, CostModel):
@@ -402,20 +394,18 @@ class CostModelFile:
     def sample_cost(self) -> GenericCostModel:
         """What the planner balances: ``a*s + b*s^2`` up to a factor, as ``s + s^2 / (a / b)`` (``a / b``
         kept within :class:`GenericCostModel`'s range 1..1e12)."""
-        a, b = self.seconds_per_token, self.seconds_per_token_pair
+        a, b = self.step_time.seconds_per_token, self.step_time.seconds_per_token_pair
         ratio = 1e12 if b <= 0 else min(max(a / b, 1.0), 1e12)
         return GenericCostModel(attention_length=ratio)
 
     def step_time_model(self) -> StepTimeModel:
-        """The ``StepTimeModel`` of these coefficients (the step-time objective's model)."""
-        from megatron_dpsched.core.steptime import StepTimeModel
-
-        return StepTimeModel(**{name: float(getattr(self, name)) for name in STEP_TIME_FIELDS})
+        """The step-time objective's model: :attr:`step_time` (what ``--dp-schedule-cost-model`` reads)."""
+        return self.step_time
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of the class docstring."""
         return {"format": COST_MODEL_FILE_FORMAT, "version": COST_MODEL_FILE_VERSION,
-                "step_time_model": {name: float(getattr(self, name)) for name in STEP_TIME_FIELDS},
+                "step_time_model": {name: float(getattr(self.step_time, name)) for name in STEP_TIME_FIELDS},
                 "cost_model": None if self.cost_model is None else self.cost_model.to_dict(),
                 "fit": None if self.fit is None else dict(self.fit)}
 
@@ -428,10 +418,10 @@ class CostModelFile:
             raise ValueError(f"format must be {COST_MODEL_FILE_FORMAT!r}, got {data.get('format')!r}")
         if data.get("version") != COST_MODEL_FILE_VERSION:
             raise ValueError(f"version must be {COST_MODEL_FILE_VERSION}, got {data.get('version')!r}")
-        unknown = sorted(set(data) - {"format", "version", "step_time_model", "cost_model", "fit"})
+        unknown = sorted(set(data) - set(FILE_FIELDS))
         if unknown:
             raise ValueError(f"{unknown[0]} is not a field of a cost-model file")
-        return cls(**_step_time_fields(data.get("step_time_model")),
+        return cls(step_time=_step_time_model(data.get("step_time_model")),
                    cost_model=None if data.get("cost_model") is None else CostModel.from_dict(data["cost_model"]),
                    fit=data.get("fit"))
 
@@ -452,15 +442,18 @@ class CostModelFile:
             raise ValueError(f"{path} is not a text file") from None
         try:
             data = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path} is not JSON ({error.msg} at line {error.lineno} column {error.colno})") from None
+        except (json.JSONDecodeError, RecursionError) as error:
+            where = f" ({error.msg} at line {error.lineno} column {error.colno})" \
+                if isinstance(error, json.JSONDecodeError) else " (nested too deeply)"
+            raise ValueError(f"{path} is not JSON{where}") from None
         try:
             return cls.from_dict(data)
         except ValueError as error:
             raise ValueError(f"{path}: {error}") from None
 
 
-def _step_time_fields(data: object) -> dict[str, Any]:
+def _step_time_model(data: object) -> StepTimeModel:
+    """The file's ``step_time_model`` object as a :class:`StepTimeModel`; errors name ``step_time_model.X``."""
     if not isinstance(data, Mapping):
         raise ValueError(f"step_time_model must be an object of {', '.join(STEP_TIME_FIELDS)}, "
                          f"got {type(data).__name__}")
@@ -468,7 +461,10 @@ def _step_time_fields(data: object) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"step_time_model.{unknown[0]} is not a step-time coefficient "
                          f"(known: {', '.join(STEP_TIME_FIELDS)})")
-    missing = [name for name in STEP_TIME_FIELDS[:3] if name not in data]
+    missing = [name for name in REQUIRED_STEP_TIME_FIELDS if name not in data]
     if missing:
         raise ValueError(f"step_time_model.{missing[0]} is missing")
-    return dict(data)
+    try:
+        return StepTimeModel(**data)
+    except ValueError as error:
+        raise ValueError(f"step_time_model.{error}") from None

@@ -63,10 +63,27 @@ import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
+from typing import Protocol
 
 from megatron_dpsched.core.alignment import PipelineLayout
-from megatron_dpsched.core.cost import CostModel
 from megatron_dpsched.core.validation import require_int, require_lengths
+
+FLOPS_FIELDS = ("linear_flops_per_token", "quadratic_flops_per_token_pair")
+"""What :meth:`StepTimeModel.from_cost_model` reads of a FLOPs model."""
+
+
+class FlopsModel(Protocol):
+    """Forward FLOPs of a GPT by term: what :class:`~megatron_dpsched.core.cost.CostModel` provides (this
+    module reads the two figures only, so it does not import the cost module, which imports this one)."""
+
+    @property
+    def linear_flops_per_token(self) -> float:
+        """Forward FLOPs per token that do not depend on the sequence length."""
+
+    @property
+    def quadratic_flops_per_token_pair(self) -> float:
+        """Forward FLOPs per (query, key) pair over all layers."""
+
 
 PipelineOp = tuple[str, int, int]
 """One op of a stage's schedule: ``(kind, micro-batch, chunk)`` with kind ``"F"`` or ``"B"``."""
@@ -79,12 +96,10 @@ def _is_sequence(value: object) -> bool:
 
 def _require_seconds(name: str, value: object) -> float:
     """``value`` as a finite float >= 0, else ``ValueError`` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a number of seconds, got {value!r}")
-    seconds = float(value)
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
-    return seconds
+    real = not isinstance(value, bool) and isinstance(value, numbers.Real)
+    if not real or not math.isfinite(float(value)) or float(value) < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return float(value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,15 +125,17 @@ class StepTimeModel:
     @classmethod
     def from_cost_model(
         cls,
-        cost_model: CostModel,
+        cost_model: FlopsModel,
         *,
         flops_per_second: float,
         seconds_per_microbatch: float = 0.0,
         backward_factor: float = 2.0,
     ) -> StepTimeModel:
-        """Forward time = forward FLOPs of ``cost_model`` / ``flops_per_second`` + ``seconds_per_microbatch``."""
-        if not isinstance(cost_model, CostModel):
-            raise ValueError(f"cost_model must be a CostModel, got {type(cost_model).__name__}")
+        """Forward time = forward FLOPs of ``cost_model`` (a ``CostModel``) / ``flops_per_second`` +
+        ``seconds_per_microbatch``."""
+        if not all(hasattr(cost_model, name) for name in FLOPS_FIELDS):
+            raise ValueError(f"cost_model must be a CostModel (with {' and '.join(FLOPS_FIELDS)}), "
+                             f"got {type(cost_model).__name__}")
         throughput = _require_seconds("flops_per_second", flops_per_second)
         if throughput <= 0:
             raise ValueError(f"flops_per_second must be > 0, got {flops_per_second!r}")

@@ -6,7 +6,8 @@ own contiguous slice under the cap), see :mod:`megatron_dpsched.baselines`. Per 
 
 * micro-batches per rank;
 * token fill: real tokens that fit the cap / (micro-batches x DP x cap), 1.0 = every micro-batch full;
-* imbalance: the busiest DP rank's FLOPs (cost model, real tokens) / the mean rank's, minus 1;
+* imbalance: the busiest DP rank's cost (the model's FLOPs or a cost-model file's sample cost, real tokens)
+  / the mean rank's, minus 1;
 * padding: tokens computed that are not real tokens (padding to the micro-batch's longest sample
   with ``bshd``; with ``thd`` only CP's rounding of each sample to a multiple of ``2 x CP``), and its
   share of the computed tokens;
@@ -34,7 +35,7 @@ from megatron_dpsched.core import (
     simulate_rank,
     simulate_step,
 )
-from megatron_dpsched.core.cost import sample_costs
+from megatron_dpsched.core.cost import CostFunction, sample_costs
 from megatron_dpsched.core.padding import pad_multiple_for, planned_sizes
 from megatron_dpsched.core.schedule import assemble_schedule
 
@@ -47,18 +48,33 @@ Tick = Callable[[int], None]
 
 @dataclass(frozen=True, kw_only=True)
 class Simulation:
-    """How step times are simulated: the parts of the layout the plan does not hold."""
+    """How samples are costed and step times simulated: the parts of the layout the plan does not hold."""
 
-    cost_model: CostModel
-    """FLOPs of a sample (balances ``--balance cost`` and times every strategy)."""
+    cost_model: CostFunction
+    """What a sample costs (balances ``--balance cost``, gives the imbalance): a :class:`CostModel`'s FLOPs,
+    which also time every strategy unless ``step_time_model`` is given, or a cost-model file's sample cost."""
+    step_time_model: StepTimeModel | None = None
+    """Measured step-time model (``--cost-model FILE``), used as it is: its coefficients are one rank's of the
+    layout it was measured on. ``None``: ``cost_model``'s FLOPs at ``flops_per_gpu`` x TP x CP."""
     tp_size: int = 1
     """Tensor-parallel ranks: they split every micro-batch's FLOPs (communication not modelled)."""
-    flops_per_gpu: float = 4e14
-    """FLOP/s one GPU achieves on this model."""
+    flops_per_gpu: float | None = 4e14
+    """FLOP/s one GPU achieves on this model; ``None`` with a measured ``step_time_model``."""
     seconds_per_microbatch: float = 0.0
-    """Fixed forward cost of every micro-batch (launches, p2p hand-shakes)."""
+    """Fixed forward cost of every micro-batch (launches, p2p hand-shakes); the measured model's own with one."""
     collate_format: str = "thd"
     """How the packed strategies lay out a micro-batch: ``thd`` (packed) or ``bshd`` (padded rows)."""
+
+    def timing(self, *, cp_size: int) -> StepTimeModel:
+        """The step-time model of every strategy: the measured one, else ``cost_model``'s FLOPs over the
+        ``tp_size x cp_size`` GPUs of one micro-batch."""
+        if self.step_time_model is not None:
+            return self.step_time_model
+        if not isinstance(self.cost_model, CostModel) or self.flops_per_gpu is None:
+            raise ValueError("a simulation needs a step_time_model, or a CostModel and flops_per_gpu")
+        return StepTimeModel.from_cost_model(
+            self.cost_model, flops_per_second=self.flops_per_gpu * self.tp_size * cp_size,
+            seconds_per_microbatch=self.seconds_per_microbatch)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,7 +188,7 @@ class WhatIf:
 
 
 def plan_ours(
-    lengths: Sequence[int], *, config: ScheduleConfig, cost_model: CostModel, tick: Tick | None = None
+    lengths: Sequence[int], *, config: ScheduleConfig, cost_model: CostFunction, tick: Tick | None = None
 ) -> DPSchedule:
     """:func:`plan_schedule` a few steps at a time (``tick(steps)`` after each), merged into one plan.
 
@@ -217,7 +233,9 @@ def plan_baselines(ours: DPSchedule, *, tick: Tick | None = None) -> dict[str, D
     return plans
 
 
-def plan_strategies(lengths: Sequence[int], *, config: ScheduleConfig, cost_model: CostModel) -> dict[str, DPSchedule]:
+def plan_strategies(
+    lengths: Sequence[int], *, config: ScheduleConfig, cost_model: CostFunction
+) -> dict[str, DPSchedule]:
     """``dpsched`` first, then the baselines that apply."""
     ours = plan_ours(lengths, config=config, cost_model=cost_model)
     return {OURS: ours, **plan_baselines(ours)}
@@ -227,14 +245,10 @@ class _Timer:
     """Per-micro-batch computed lengths, forward times and FLOPs of one simulation."""
 
     def __init__(self, simulation: Simulation, config: ScheduleConfig) -> None:
-        model = simulation.cost_model
         self.config, self.simulation = config, simulation
-        self.model = StepTimeModel.from_cost_model(
-            model, flops_per_second=simulation.flops_per_gpu * simulation.tp_size * config.cp_size,
-            seconds_per_microbatch=simulation.seconds_per_microbatch,
-        )
+        self.model = simulation.timing(cp_size=config.cp_size)
         self.flops: dict[int, float] = {}
-        self.cost_model = model
+        self.cost_model = simulation.cost_model
 
     def computed(self, lengths: list[int], *, padded: bool) -> list[int]:
         """What the GPUs compute for a micro-batch: padded rows (``bshd``) or CP-rounded packed samples."""

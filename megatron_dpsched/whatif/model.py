@@ -1,4 +1,6 @@
-"""The model whose FLOPs the what-if tool balances and times: Megatron's shape flags or a JSON file."""
+"""What the what-if tool balances and times: a model shape (Megatron's shape flags or ``--model-shape FILE``),
+whose FLOPs it balances and times at ``--flops-per-gpu``, or the cost-model file ``megatron-dpsched calibrate``
+writes (``--cost-model FILE``), whose measured costs it balances and whose step-time model it simulates."""
 
 from __future__ import annotations
 
@@ -6,7 +8,8 @@ import json
 from dataclasses import fields
 from typing import Any
 
-from megatron_dpsched.core.cost import CostModel
+from megatron_dpsched.core.cost import COST_MODEL_FILE_FORMAT, CostModel, CostModelFile
+from megatron_dpsched.whatif.analysis import Simulation
 
 DEFAULT_MODEL = CostModel(
     hidden_size=4096, num_layers=32, num_attention_heads=32, num_query_groups=8,
@@ -17,36 +20,65 @@ DEFAULT_MODEL = CostModel(
 SHAPE_FLAGS = ("hidden_size", "num_layers", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
                "vocab_size", "swiglu")
 """``CostModel`` fields that have a Megatron flag of the same name (``--hidden-size``, ...)."""
+DEFAULT_FLOPS_PER_GPU = 4e14
+"""``--flops-per-gpu`` when not given."""
+SHAPE_NAMES = frozenset(field.name for field in fields(CostModel))
 
 
-def read_cost_model(path: str) -> CostModel:
-    """A JSON object of :class:`CostModel` fields, e.g. ``{"hidden_size": 4096, "num_layers": 32, ...}``."""
+def _read_json(flag: str, path: str) -> object:
     try:
         with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
+            return json.load(handle)
     except FileNotFoundError:
-        raise ValueError(f"--cost-model {path}: no such file") from None
+        raise ValueError(f"{flag} {path}: no such file") from None
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
-        raise ValueError(f"--cost-model {path} is not JSON ({error})") from None
-    names = {field.name for field in fields(CostModel)}
-    if not isinstance(data, dict) or not set(data) <= names:
-        unknown = sorted(set(data) - names) if isinstance(data, dict) else "not an object"
-        raise ValueError(f"--cost-model {path}: expected a JSON object of {', '.join(sorted(names))}; "
+        raise ValueError(f"{flag} {path} is not JSON ({error})") from None
+
+
+def read_model_shape(path: str) -> CostModel:
+    """``--model-shape``: a JSON object of :class:`CostModel` fields, e.g. ``{"hidden_size": 4096, ...}``."""
+    data = _read_json("--model-shape", path)
+    if isinstance(data, dict) and data.get("format") == COST_MODEL_FILE_FORMAT:
+        raise ValueError(f"--model-shape {path} is a cost-model file ('megatron-dpsched calibrate' writes it), "
+                         f"not a model shape: pass it as --cost-model {path}")
+    if not isinstance(data, dict) or not set(data) <= SHAPE_NAMES:
+        unknown = sorted(set(data) - SHAPE_NAMES) if isinstance(data, dict) else "not an object"
+        raise ValueError(f"--model-shape {path}: expected a JSON object of {', '.join(sorted(SHAPE_NAMES))}; "
                          f"got {unknown}")
     try:
         return CostModel(**data)
     except (TypeError, ValueError) as error:
-        raise ValueError(f"--cost-model {path}: {error}") from None
+        raise ValueError(f"--model-shape {path}: {error}") from None
+
+
+def read_cost_model_file(path: str) -> CostModelFile:
+    """``--cost-model``: the file ``megatron-dpsched calibrate`` writes, read as ``--dp-schedule-cost-model``
+    reads it (:meth:`CostModelFile.load`); a model shape given here is refused naming ``--model-shape``."""
+    try:
+        return CostModelFile.load(path)
+    except ValueError as error:
+        if _is_model_shape(path):
+            raise ValueError(f"--cost-model {path} holds a model shape (CostModel fields), not a cost-model file "
+                             f"from 'megatron-dpsched calibrate': pass it as --model-shape {path}") from None
+        raise ValueError(f"--cost-model {error}") from None
+
+
+def _is_model_shape(path: str) -> bool:
+    try:
+        data = _read_json("--cost-model", path)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and bool(data) and set(data) <= SHAPE_NAMES
 
 
 def model_from_flags(args: Any) -> tuple[CostModel, str]:
-    """The cost model the options name and where it came from (``flags``, the file, or ``default``)."""
+    """The model shape the options name and where it came from (the flags, ``--model-shape`` or ``default``)."""
     given = {name: getattr(args, name) for name in SHAPE_FLAGS if getattr(args, name) not in (None, False)}
-    if args.cost_model and given:
+    if args.model_shape and given:
         flags = ", ".join("--" + name.replace("_", "-") for name in given)
-        raise ValueError(f"give --cost-model or the model-shape flags, not both (got --cost-model and {flags})")
-    if args.cost_model:
-        return read_cost_model(args.cost_model), args.cost_model
+        raise ValueError(f"give --model-shape or the model-shape flags, not both (got --model-shape and {flags})")
+    if args.model_shape:
+        return read_model_shape(args.model_shape), args.model_shape
     if not given:
         return DEFAULT_MODEL, "default: Llama-3-8B shape"
     missing = [name for name in ("hidden_size", "num_layers", "num_attention_heads") if name not in given]
@@ -56,6 +88,35 @@ def model_from_flags(args: Any) -> tuple[CostModel, str]:
         return CostModel(**given), "model-shape flags"
     except ValueError as error:
         raise ValueError(f"model shape: {error}") from None
+
+
+def simulation_from_flags(args: Any) -> tuple[Simulation, str]:
+    """How the options balance and time samples, and where the model came from: ``--cost-model FILE``'s
+    measured costs, else a model shape's FLOPs at ``--flops-per-gpu`` plus ``--microbatch-overhead``."""
+    common = {"tp_size": args.tp_size, "collate_format": args.collate_format}
+    if not args.cost_model:
+        model, source = model_from_flags(args)
+        flops = DEFAULT_FLOPS_PER_GPU if args.flops_per_gpu is None else args.flops_per_gpu
+        overhead = args.microbatch_overhead or 0.0
+        return Simulation(cost_model=model, flops_per_gpu=flops, seconds_per_microbatch=overhead, **common), source
+    extra = _combined_with_cost_model(args)
+    if extra:
+        raise ValueError(f"--cost-model cannot be combined with {', '.join(extra)}: the cost-model file's measured "
+                         "step-time model sets the costs and the times (seconds per token, per sum(length^2) and "
+                         "per micro-batch)")
+    measured = read_cost_model_file(args.cost_model)
+    simulation = Simulation(cost_model=measured.sample_cost(), step_time_model=measured.step_time,
+                            flops_per_gpu=None, seconds_per_microbatch=measured.step_time.seconds_per_microbatch,
+                            **common)
+    return simulation, f"cost-model file {args.cost_model}"
+
+
+def _combined_with_cost_model(args: Any) -> list[str]:
+    """The model and timing flags given besides ``--cost-model``, whose file replaces them all."""
+    flags = ["--model-shape"] if args.model_shape else []
+    flags += ["--" + name.replace("_", "-") for name in SHAPE_FLAGS if getattr(args, name) not in (None, False)]
+    return flags + [flag for flag, value in (("--flops-per-gpu", args.flops_per_gpu),
+                                             ("--microbatch-overhead", args.microbatch_overhead)) if value is not None]
 
 
 def describe_model(model: CostModel) -> str:

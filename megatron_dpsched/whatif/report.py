@@ -7,7 +7,15 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from typing import Any
 
-from megatron_dpsched.whatif.analysis import LABELS, OURS, StepComparison, StrategyStep, StrategyTotal, WhatIf
+from megatron_dpsched.whatif.analysis import (
+    LABELS,
+    OURS,
+    Simulation,
+    StepComparison,
+    StrategyStep,
+    StrategyTotal,
+    WhatIf,
+)
 from megatron_dpsched.whatif.model import describe_model
 
 COLUMNS_HELP = (
@@ -77,10 +85,21 @@ def header_lines(report: WhatIf, *, source: str, model_source: str) -> list[str]
         f"{len(report.steps)} steps; balance {config.balance}",
         f"layout: {layout_title(report)}; packed micro-batches as {simulation.collate_format} "
         "(Megatron fixed: padded rows)",
-        f"model: {describe_model(simulation.cost_model)} ({model_source}); "
-        f"{simulation.flops_per_gpu / 1e12:g} TFLOP/s per GPU, "
-        f"{simulation.seconds_per_microbatch * 1e3:g} ms per micro-batch",
+        _model_line(simulation, model_source),
     ]
+
+
+def _model_line(simulation: Simulation, model_source: str) -> str:
+    """The model shape and throughput, or the measured step-time model of a cost-model file."""
+    measured = simulation.step_time_model
+    if measured is None:
+        return (f"model: {describe_model(simulation.cost_model)} ({model_source}); "
+                f"{simulation.flops_per_gpu / 1e12:g} TFLOP/s per GPU, "
+                f"{simulation.seconds_per_microbatch * 1e3:g} ms per micro-batch")
+    return (f"model: measured step-time model ({model_source}): forward {measured.seconds_per_token:.4g} s per "
+            f"token + {measured.seconds_per_token_pair:.4g} s per sum(length^2) + "
+            f"{measured.seconds_per_microbatch * 1e3:.4g} ms per micro-batch, backward x "
+            f"{measured.backward_factor:g}")
 
 
 def _strategy_json(row: StrategyStep | StrategyTotal) -> dict[str, Any]:

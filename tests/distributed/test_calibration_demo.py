@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from megatron_dpsched.calibration import fit, read_records, samples_from_records
+from megatron_dpsched.core import StepTimeModel
 from megatron_dpsched.core.cost import CostModelFile, GenericCostModel
 from megatron_dpsched.megatron import add_dp_schedule_args, schedule_kwargs_from_args, validate_dp_schedule_args
 
@@ -46,7 +47,7 @@ def _args(*argv: str, **overrides: object) -> argparse.Namespace:
 def _cost_file(tmp_path: Path, **step_time: float) -> Path:
     coefficients = {"seconds_per_token": 1e-5, "seconds_per_token_pair": 1e-7, "seconds_per_microbatch": 2e-3,
                     **step_time}
-    return CostModelFile(**coefficients).save(tmp_path / "cost.json")
+    return CostModelFile(step_time=StepTimeModel(**coefficients)).save(tmp_path / "cost.json")
 
 
 def test_the_cost_model_file_drives_balancing_and_the_step_time_objective(tmp_path: Path) -> None:
@@ -67,8 +68,8 @@ def test_the_cost_model_file_drives_balancing_and_the_step_time_objective(tmp_pa
 def test_bad_cost_model_files_fail_at_argument_time_naming_the_flag_and_field(tmp_path: Path) -> None:
     cap = ("--dp-schedule-max-tokens-per-gpu", "64")
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({**CostModelFile(seconds_per_token=1.0, seconds_per_token_pair=0.0,
-                                               seconds_per_microbatch=0.0).to_dict(), "version": 7}))
+    bad.write_text(json.dumps({**CostModelFile(step_time=StepTimeModel(seconds_per_token=1.0)).to_dict(),
+                               "version": 7}))
     with pytest.raises(ValueError, match=r"^--dp-schedule-cost-model: .*bad.json: version must be 1, got 7$"):
         validate_dp_schedule_args(_args(*cap, "--dp-schedule-cost-model", str(bad)))
     with pytest.raises(ValueError, match="^--dp-schedule-cost-model: .*missing.json: no such file"):
@@ -119,7 +120,7 @@ def test_the_fitted_model_predicts_every_rank(calibrated) -> None:
     assert max(errors.values()) < PREDICTION_RTOL, errors
     loaded = CostModelFile.load(out / "cost_model.json")
     refit = fit(samples_from_records(read_records(out / "dp-schedule"), time="compute-cpu"), robust=True)
-    assert loaded.seconds_per_token == pytest.approx(refit.seconds_per_token)
+    assert loaded.step_time.seconds_per_token == pytest.approx(refit.step_time_model.seconds_per_token)
 
 
 def test_planning_with_the_fitted_model_is_not_slower(calibrated) -> None:

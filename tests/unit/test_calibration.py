@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 import statistics
+import sys
 from pathlib import Path
 
 import pytest
@@ -48,9 +50,9 @@ def _write(directory: Path, records: list[dict]) -> Path:
 
 def test_fit_recovers_known_coefficients_from_noisy_records() -> None:
     result = fit(samples_from_records(_records()))
-    assert result.seconds_per_token == pytest.approx(TRUE["seconds_per_token"], rel=0.05)
-    assert result.seconds_per_token_pair == pytest.approx(TRUE["seconds_per_token_pair"], rel=0.05)
-    assert result.seconds_per_microbatch == pytest.approx(TRUE["seconds_per_microbatch"], rel=0.2)
+    assert result.step_time_model.seconds_per_token == pytest.approx(TRUE["seconds_per_token"], rel=0.05)
+    assert result.step_time_model.seconds_per_token_pair == pytest.approx(TRUE["seconds_per_token_pair"], rel=0.05)
+    assert result.step_time_model.seconds_per_microbatch == pytest.approx(TRUE["seconds_per_microbatch"], rel=0.2)
     assert result.report["n"] == 40 and result.report["steps"] == list(range(2, 12))
     assert result.report["r_squared"] > 0.99 and result.report["max_relative_error"] < 0.08
     assert set(result.report["rank_relative_errors"]) == {"0", "1", "2", "3"}
@@ -74,7 +76,7 @@ def test_huber_weights_resist_outlier_steps() -> None:
 
     assert median_error(robust) < 0.015 < 0.02 < median_error(plain)  # measured: 0.9% vs 2.7%
     for name, value in TRUE.items():
-        assert getattr(robust, name) == pytest.approx(value, rel=0.05), name
+        assert getattr(robust.step_time_model, name) == pytest.approx(value, rel=0.05), name
     assert robust.report["robust"] is True
 
 
@@ -82,6 +84,36 @@ def test_nnls_clips_a_negative_coefficient_and_refits() -> None:
     rows = [[1.0, 1.0], [2.0, 1.0], [3.0, 1.0]]
     targets = [3.0, 2.0, 1.0]  # least squares would give a negative slope
     assert nnls(rows, targets, [1.0] * 3) == pytest.approx([0.0, 2.0])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_nnls_meets_the_optimality_conditions(seed: int) -> None:
+    """Karush-Kuhn-Tucker, restated without the solver: at the optimum the weighted gradient
+    ``sum(w * (row . x - t) * row)`` is 0 on every positive coefficient and >= 0 on every zero one."""
+    rng = random.Random(seed)
+    true = [rng.uniform(0.5, 2.0) * scale for scale in (1.0, 1e-3, 1e3)]
+    true[seed % 3] *= -1  # a negative slope: the bound at 0 binds
+    rows = [[rng.uniform(100, 5000), rng.uniform(1e4, 1e7), float(rng.randint(1, 8))] for _ in range(40)]
+    targets = [abs(sum(r * c for r, c in zip(row, true))) + rng.uniform(1e3, 1e4) for row in rows]
+    weights = [rng.uniform(0.5, 2.0) / (t * t) for t in targets]
+    x = nnls(rows, targets, weights)
+    assert min(x) >= 0
+    residuals = [sum(r * c for r, c in zip(row, x)) - t for row, t in zip(rows, targets)]
+    for column in range(3):
+        gradient = sum(w * e * row[column] for w, e, row in zip(weights, residuals, rows))
+        size = math.sqrt(sum(w * row[column] ** 2 for w, row in zip(weights, rows)))  # the column's weighted norm
+        if x[column] > 0:
+            assert abs(gradient) / size < 1e-6, (column, x)
+        else:
+            assert gradient / size > -1e-6, (column, x)
+
+
+def test_calibrate_without_scipy_names_the_extra(tmp_path: Path, capsys, monkeypatch) -> None:
+    stats = _write(tmp_path / "stats", _records())
+    monkeypatch.setitem(sys.modules, "scipy.optimize", None)  # what an environment without SciPy imports
+    assert main(["calibrate", str(stats)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pip install 'megatron-dpsched[calibrate]'" in err[0], err
 
 
 def test_records_of_pipelined_or_old_runs_are_refused() -> None:
@@ -108,14 +140,14 @@ def test_cost_model_file_round_trip(tmp_path: Path) -> None:
     assert isinstance(model, StepTimeModel) and model.backward_factor == 2.0
     assert model.seconds_per_token == pytest.approx(TRUE["seconds_per_token"], rel=0.05)
     cost = loaded.sample_cost()
-    ratio = loaded.seconds_per_token / loaded.seconds_per_token_pair
+    ratio = model.seconds_per_token / model.seconds_per_token_pair
     assert isinstance(cost, GenericCostModel) and cost.attention_length == pytest.approx(ratio)
-    assert CostModelFile(seconds_per_token=1.0, seconds_per_token_pair=0.0,
-                         seconds_per_microbatch=0.0).sample_cost().attention_length == 1e12
+    assert CostModelFile(step_time=StepTimeModel(seconds_per_token=1.0)).sample_cost().attention_length == 1e12
 
 
 def _valid() -> dict:
-    return CostModelFile(seconds_per_token=1e-5, seconds_per_token_pair=1e-8, seconds_per_microbatch=1e-3).to_dict()
+    return CostModelFile(step_time=StepTimeModel(seconds_per_token=1e-5, seconds_per_token_pair=1e-8,
+                                                 seconds_per_microbatch=1e-3)).to_dict()
 
 
 @pytest.mark.parametrize(("edit", "expected"), [
@@ -202,7 +234,7 @@ def test_micro_batch_rows_separate_the_per_micro_batch_term() -> None:
     result = fit(samples_from_records(records, time="compute-cpu"))
     assert result.report["rows"] == "micro-batch" and result.report["n_rows"] == 18 and result.report["n"] == 6
     for name, value in TRUE.items():
-        assert getattr(result, name) == pytest.approx(value, rel=0.1), name
+        assert getattr(result.step_time_model, name) == pytest.approx(value, rel=0.1), name
         assert 0 < result.report["standard_errors"][name] < 0.1 * value, name
     assert result.report["max_relative_error"] < 0.03  # the steps, predicted from the micro-batch fit
     steps_only = fit(samples_from_records(records, time="forward-backward"))  # no parts for this clock

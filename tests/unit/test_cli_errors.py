@@ -73,14 +73,14 @@ def test_bad_options(tmp_path, capsys, flags, expected) -> None:
     _one_line_error(capsys, ["plan", str(tmp_path / "lengths.txt"), *flags], expected)
 
 
-def test_bad_cost_model_files(tmp_path, capsys) -> None:
+def test_bad_model_shape_files(tmp_path, capsys) -> None:
     (tmp_path / "lengths.txt").write_text("10 20 30 40")
     lengths = str(tmp_path / "lengths.txt")
     for text, expected in (("{", "is not JSON"), ('{"width": 3}', "got ['width']"),
                            ('{"hidden_size": 0, "num_layers": 1, "num_attention_heads": 1}', "hidden_size must be")):
         (tmp_path / "m.json").write_text(text)
-        _one_line_error(capsys, ["plan", lengths, *LAYOUT, "--cost-model", str(tmp_path / "m.json")], expected)
-    _one_line_error(capsys, ["plan", lengths, *LAYOUT, "--cost-model", str(tmp_path / "m.json"), "--hidden-size",
+        _one_line_error(capsys, ["plan", lengths, *LAYOUT, "--model-shape", str(tmp_path / "m.json")], expected)
+    _one_line_error(capsys, ["plan", lengths, *LAYOUT, "--model-shape", str(tmp_path / "m.json"), "--hidden-size",
                              "8"], "not both")
 
 
@@ -116,7 +116,7 @@ def test_help_explains_every_option(capsys, name) -> None:
         for flag in action.option_strings:
             assert flag in out, flag
     if name == "plan":
-        assert "Token fill" in out and "--hidden-size" in out and "--cost-model" in out
+        assert "Token fill" in out and "--hidden-size" in out and "--cost-model" in out and "--model-shape" in out
 
 
 def test_a_reader_that_stops_early_leaves_no_traceback(tmp_path) -> None:

@@ -128,7 +128,7 @@ def test_table_mode_warns_on_stderr_only(tmp_path, capsys) -> None:
     assert "megatron-dpsched: warning: step 2 trains 1 samples" in captured.err
 
 
-def test_model_shape_flags_change_the_costs_and_cost_model_file(tmp_path, capsys) -> None:
+def test_model_shape_flags_change_the_costs_and_model_shape_file(tmp_path, capsys) -> None:
     path = _write(tmp_path, "4000 100 100 100 100 100 100 100")
     shape = ["--hidden-size", "256", "--num-layers", "2", "--num-attention-heads", "4"]
     assert main(["plan", path, *LAYOUT[:4], "--max-tokens-per-gpu", "8192", *shape, "-o", str(tmp_path / "a")]) == 0
@@ -138,7 +138,7 @@ def test_model_shape_flags_change_the_costs_and_cost_model_file(tmp_path, capsys
     assert cost["costs"] != tokens["costs"] and tokens["costs"] == [float(n) for n in tokens["lengths"]]
     model = tmp_path / "model.json"
     model.write_text(json.dumps({"hidden_size": 256, "num_layers": 2, "num_attention_heads": 4}))
-    assert main(["plan", path, *LAYOUT[:4], "--max-tokens-per-gpu", "8192", "--cost-model", str(model),
+    assert main(["plan", path, *LAYOUT[:4], "--max-tokens-per-gpu", "8192", "--model-shape", str(model),
                  "-o", str(tmp_path / "c")]) == 0
     assert json.loads((tmp_path / "c").read_text())["costs"] == cost["costs"]
     assert "hidden 256, 2 layers" in capsys.readouterr().out
