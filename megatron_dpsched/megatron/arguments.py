@@ -61,10 +61,9 @@ def flag_of(attribute: str) -> str:
 
 
 def _from_args(cls: type, args: Any) -> Any:
-    """Read the flags (unset ones take :data:`OPTION_DEFAULTS`)."""
-    values = {option.name: getattr(args, option.attribute, None) for option in OPTIONS}
-    values = {name: OPTION_DEFAULTS["dp_schedule_" + name] if value is None else value
-              for name, value in values.items()}
+    """Read the flags (unset ones take the table's default, :data:`OPTION_DEFAULTS`)."""
+    given = {option: getattr(args, option.attribute, None) for option in OPTIONS}
+    values = {option.name: option.default if value is None else value for option, value in given.items()}
     return cls(enabled=bool(getattr(args, "dp_schedule", False)), **values)
 
 
