@@ -14,7 +14,6 @@ import argparse
 import dataclasses
 import json
 import os
-import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
@@ -22,6 +21,18 @@ from typing import NoReturn
 from megatron_dpsched.core import DPSchedule, ScheduleConfig, ScheduleInvariantError, StepTimeModel
 from megatron_dpsched.core.cost import CostModelFile
 from megatron_dpsched.core.padding import pad_multiple_for
+from megatron_dpsched.core.validation import ArgumentError
+from megatron_dpsched.options import (
+    BY_STEM,
+    NOMINAL_FLOPS_PER_GPU,
+    PLAN_PREFIX,
+    add_options,
+    add_plan_options,
+    option_for_field,
+    planned_padding,
+    resolve_collate_format,
+    resolve_objective,
+)
 from megatron_dpsched.whatif.analysis import (
     BASELINE_NAMES,
     OURS,
@@ -88,7 +99,6 @@ def _number(kind: Callable[[str], float], *, minimum: float, strict: bool) -> Ca
 
 
 POSITIVE = _number(int, minimum=1, strict=False)
-NON_NEGATIVE = _number(float, minimum=0.0, strict=False)
 GREATER_THAN_ZERO = _number(float, minimum=0.0, strict=True)
 
 
@@ -97,8 +107,7 @@ def _add_layout(plan: argparse.ArgumentParser) -> None:
     group.add_argument("--dp-size", type=POSITIVE, required=True, help="data-parallel ranks")
     group.add_argument("--global-batch-size", type=POSITIVE, required=True, help="samples per optimizer step")
     batching = group.add_mutually_exclusive_group(required=True)
-    batching.add_argument("--max-tokens-per-gpu", type=POSITIVE, metavar="CAP",
-                          help="token cap of one micro-batch on one GPU (x CP per DP rank): dynamic batching")
+    add_options(batching, prefix=PLAN_PREFIX, options=[BY_STEM["max-tokens-per-gpu"]], unset_defaults=False)
     batching.add_argument("--micro-batch-size", type=POSITIVE,
                           help="static batching: samples per micro-batch (no baselines to compare with)")
     group.add_argument("--pp-size", type=POSITIVE, default=1, help="pipeline-parallel stages (default 1)")
@@ -114,11 +123,10 @@ def _add_layout(plan: argparse.ArgumentParser) -> None:
 
 
 def _add_planning(plan: argparse.ArgumentParser) -> None:
-    group = plan.add_argument_group("planning")
-    group.add_argument("--balance", choices=("cost", "tokens", "none"), default="cost",
-                       help="balance DP ranks by the model's FLOPs (cost, default), by tokens, or not at all")
-    group.add_argument("--balance-growth", type=NON_NEGATIVE, default=0.0, metavar="F",
-                       help="share (0 to 10) of extra micro-batches a step may spend to balance ranks (default 0)")
+    group = plan.add_argument_group(
+        "planning", "dp-schedule's options: training's --dp-schedule-<name> options, with the same defaults and "
+                    "values (docs/options.md); Megatron fixed's micro-batches are always padded rows")
+    add_plan_options(group, skip=("max-tokens-per-gpu",))
     group.add_argument("--drop-last", action="store_true",
                        help="drop a trailing partial step (its samples are listed in a warning)")
 
@@ -138,24 +146,13 @@ def _add_model(plan: argparse.ArgumentParser) -> None:
     group.add_argument("--model-shape", metavar="FILE",
                        help="JSON object of CostModel fields instead of the flags above, e.g. "
                             '{"hidden_size": 4096, "num_layers": 32, "num_attention_heads": 32}')
-    group.add_argument("--cost-model", metavar="FILE",
-                       help="the cost-model file 'megatron-dpsched calibrate' writes (as --dp-schedule-cost-model "
-                            "in training): balance its measured per-sample cost and simulate with its step-time "
-                            "model, instead of a model shape, --flops-per-gpu and --microbatch-overhead")
 
 
 def _add_simulation(plan: argparse.ArgumentParser) -> None:
     group = plan.add_argument_group("step-time simulation")
     group.add_argument("--flops-per-gpu", type=GREATER_THAN_ZERO, metavar="FLOPS",
-                       help="FLOP/s one GPU achieves on this model (default 4e14)")
-    group.add_argument("--microbatch-overhead", type=NON_NEGATIVE, metavar="SECONDS",
-                       help="fixed forward time of every micro-batch, in seconds (default 0)")
-    group.add_argument("--objective", choices=("step-time", "micro-batches"), default=None,
-                       help="what dp-schedule's plan minimises: the simulated step time (default with --pp-size > 1 "
-                            "and a token cap, as --dp-schedule-objective in Megatron) or the micro-batch count")
-    group.add_argument("--collate-format", choices=("thd", "bshd"), default="thd",
-                       help="micro-batches of dp-schedule and per-rank packing: packed (thd, default) or "
-                            "padded to their longest sample (bshd); Megatron fixed is always padded")
+                       help=f"FLOP/s one GPU achieves on this model (default {NOMINAL_FLOPS_PER_GPU:g}, the figure "
+                            "training's step-time objective assumes)")
 
 
 def _add_output(plan: argparse.ArgumentParser) -> None:
@@ -216,36 +213,43 @@ def _add_calibrate(commands: argparse._SubParsersAction) -> None:
     calibrate.add_argument("--json", action="store_true", help="print the cost-model file instead of the report")
 
 
-FLAG_NAMES = ("dp_size", "global_batch_size", "max_tokens_per_gpu", "micro_batch_size", "cp_size", "pp_size",
-              "vpp_size", "microbatch_group_size_per_vp_stage", "balance_growth")
+_LAYOUT_FLAGS = {"dp_size": "--dp-size", "global_batch_size": "--global-batch-size",
+                 "micro_batch_size": "--micro-batch-size", "cp_size": "--cp-size", "pp_size": "--pp-size",
+                 "vpp_size": "--vpp-size", "microbatch_group_size_per_vp_stage": "--microbatch-group-size-per-vp-stage"}
+"""Planner arguments set by the layout flags (the others are the option table's, as ``--<stem>``)."""
 
 
-def _as_flags(message: str) -> str:
-    """The planner names its arguments; the command line user knows flags."""
-    message = message.replace("step_time_model", "--objective step-time")
-    for field, flag in (("flops_per_second", "--flops-per-gpu"), ("seconds_per_token", "--flops-per-gpu"),
-                        ("seconds_per_microbatch", "--microbatch-overhead")):
-        message = message.replace(field, flag)
-    return re.sub(r"\b(" + "|".join(FLAG_NAMES) + r")\b", lambda m: "--" + m.group(1).replace("_", "-"), message)
+def _flag_error(error: ArgumentError) -> ValueError:
+    """The planner's error about one of its arguments, headed by the flag that set it."""
+    option = option_for_field(error.argument)
+    flag = option.flag_in(PLAN_PREFIX) if option is not None and option.mirrored else _LAYOUT_FLAGS.get(error.argument)
+    return ValueError(f"{flag}: {error}" if flag else str(error))
+
+
+def _resolve(args: argparse.Namespace) -> argparse.Namespace:
+    """The defaults that depend on the run, resolved by training's rules (:mod:`megatron_dpsched.options`)."""
+    args.collate_format = resolve_collate_format(args.collate_format)
+    args.objective = resolve_objective(args.objective, pp_size=args.pp_size, token_cap=args.max_tokens_per_gpu
+                                       is not None, balance=args.balance, has_model=True)
+    return args
 
 
 def _step_time_model(args: argparse.Namespace, simulation: Simulation) -> StepTimeModel | None:
-    """The simulation's step-time model when dp-schedule plans for the step time (``--objective``)."""
-    objective = args.objective or ("step-time" if args.pp_size > 1 and args.max_tokens_per_gpu else "micro-batches")
-    if objective == "micro-batches":
+    """The simulation's step-time model when dp-schedule plans for the step time (``--objective``, resolved by
+    training's rule), as training builds it."""
+    if args.objective == "micro-batches":
         return None
     try:
         return simulation.timing(cp_size=args.cp_size)
-    except ValueError as error:
-        raise ValueError(_as_flags(str(error)) + f" (from --flops-per-gpu {simulation.flops_per_gpu:g})") from None
+    except ValueError as error:  # --microbatch-overhead-ms is range-checked when parsed
+        raise ValueError(f"--flops-per-gpu {simulation.flops_per_gpu or 0:g}: {error}") from None
 
 
 def _planned_sizes(args: argparse.Namespace) -> dict[str, object]:
-    """What the cap bounds, as in training (``--dp-schedule-cap-counts padded``): each sample rounded up to
-    ``2 x CP`` with context parallelism, and with ``bshd`` rows x the longest row."""
-    if args.max_tokens_per_gpu is None:
-        return {}
-    return {"pad_multiple": _pad_multiple(args), "padded_rows": args.collate_format == "bshd"}
+    """What the cap bounds, as in training (``--cap-counts``): each sample rounded up to the layout's multiple,
+    and with ``bshd`` rows x the longest row."""
+    return planned_padding(cap_counts=args.cap_counts, token_cap=args.max_tokens_per_gpu is not None,
+                           pad_multiple=_pad_multiple(args), collate_format=args.collate_format)
 
 
 def _pad_multiple(args: argparse.Namespace) -> int:
@@ -262,14 +266,15 @@ def _config(args: argparse.Namespace, *, step_time_model: StepTimeModel | None =
             cp_size=args.cp_size, pp_size=args.pp_size, vpp_size=args.vpp_size,
             microbatch_group_size_per_vp_stage=args.group_size, balance=args.balance,
             drop_last=args.drop_last, balance_growth=args.balance_growth, step_time_model=step_time_model,
-            **_planned_sizes(args),
+            microbatch_order=args.microbatch_order, **_planned_sizes(args),
         )
-    except ValueError as error:
-        raise ValueError(_as_flags(str(error))) from None
+    except ArgumentError as error:
+        raise _flag_error(error) from None
 
 
 def _what_if(args: argparse.Namespace) -> tuple[WhatIf, str, str]:
     lengths, kind = load_sample_lengths(args.input)
+    args = _resolve(args)
     simulation, model_source = simulation_from_flags(args)
     config = _config(args, step_time_model=_step_time_model(args, simulation))
     shown = args.progress or sys.stderr.isatty()
@@ -282,8 +287,8 @@ def _what_if(args: argparse.Namespace) -> tuple[WhatIf, str, str]:
             schedules = {OURS: ours, **plan_baselines(ours, tick=bar.update)}
         with Progress("simulating", schedules[OURS].num_steps, enabled=shown) as bar:
             compared = compare(schedules, simulation=simulation, tick=bar.update)
-    except ValueError as error:
-        raise ValueError(_as_flags(str(error))) from None
+    except ArgumentError as error:
+        raise _flag_error(error) from None
     report = WhatIf(config=config, simulation=simulation, schedules=schedules, steps=compared,
                     warnings=plan_warnings(schedules[OURS]))
     return report, f"{args.input} ({kind})", model_source

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megatron_dpsched.core.validation import require_int
+from megatron_dpsched.core.validation import ArgumentError, require_int
 
 MAX_PIPELINE = 2**16
 """Upper bound on pipeline stages, virtual stages and the interleaved group size (a guard on absurd sizes)."""
@@ -49,14 +49,16 @@ class PipelineLayout:
         if group is not None:
             require_int("microbatch_group_size_per_vp_stage", group, maximum=MAX_PIPELINE)
         if self.vpp_size > 1 and self.pp_size < 2:
-            raise ValueError(
+            raise ArgumentError(
                 f"vpp_size={self.vpp_size} needs pp_size >= 2: Megatron's interleaved schedule "
-                f"runs only with pipeline parallelism (got pp_size={self.pp_size})"
+                f"runs only with pipeline parallelism (got pp_size={self.pp_size})",
+                argument="vpp_size",
             )
         if self.interleaved and group is not None and group < self.pp_size:
-            raise ValueError(
+            raise ArgumentError(
                 f"microbatch_group_size_per_vp_stage={group} is below pp_size={self.pp_size}; "
-                "Megatron's interleaved schedule needs pp_size <= microbatch_group_size_per_vp_stage"
+                "Megatron's interleaved schedule needs pp_size <= microbatch_group_size_per_vp_stage",
+                argument="microbatch_group_size_per_vp_stage",
             )
 
     def is_legal(self, num_microbatches: int) -> bool:

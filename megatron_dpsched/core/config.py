@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from megatron_dpsched.core.alignment import PipelineLayout
 from megatron_dpsched.core.ordering import resolve_order
 from megatron_dpsched.core.steptime import StepTimeModel
-from megatron_dpsched.core.validation import MAX_TOKENS, is_real, require_bool, require_int
+from megatron_dpsched.core.validation import MAX_TOKENS, ArgumentError, is_real, require_bool, require_int
 
 BALANCE_MODES = ("cost", "tokens", "none")
 
@@ -68,13 +68,15 @@ class ScheduleConfig:
                 object.__setattr__(self, name, int(getattr(self, name)))
         growth = self.balance_growth
         if not is_real(growth) or not 0.0 <= growth <= 10.0:
-            raise ValueError(f"balance_growth must be a number between 0 and 10, got {growth!r}")
+            raise ArgumentError(f"balance_growth must be a number between 0 and 10, got {growth!r}",
+                                argument="balance_growth")
         object.__setattr__(self, "balance_growth", float(growth) + 0.0)  # -0.0 -> 0.0
         if self.vpp_size == 1:  # Megatron ignores the group size without virtual stages; so does the plan
             object.__setattr__(self, "microbatch_group_size_per_vp_stage", None)
         object.__setattr__(self, "drop_last", require_bool("drop_last", self.drop_last))
         if not isinstance(self.balance, str) or self.balance not in BALANCE_MODES:
-            raise ValueError(f"balance must be one of {', '.join(BALANCE_MODES)}; got {self.balance!r}")
+            raise ArgumentError(f"balance must be one of {', '.join(BALANCE_MODES)}; got {self.balance!r}",
+                                argument="balance")
         object.__setattr__(self, "microbatch_order", resolve_order(self.microbatch_order, self.pp_size))
         self._validate_padding()
         self._validate_step_time_model()
@@ -84,17 +86,19 @@ class ScheduleConfig:
         object.__setattr__(self, "padded_rows", require_bool("padded_rows", self.padded_rows))
         cap = self.token_cap
         if cap is not None and self.pad_multiple > cap:
-            raise ValueError(
+            raise ArgumentError(
                 f"pad_multiple={self.pad_multiple} is larger than the token cap max_tokens_per_gpu * cp_size = "
-                f"{cap}: every sample, even a one-token micro-batch, would be padded past the cap"
+                f"{cap}: every sample, even a one-token micro-batch, would be padded past the cap",
+                argument="pad_multiple",
             )
 
     def _validate_batching(self) -> None:
         cap, mbs = self.max_tokens_per_gpu, self.micro_batch_size
         if (cap is None) == (mbs is None):
-            raise ValueError(
+            raise ArgumentError(
                 "give exactly one of max_tokens_per_gpu (dynamic batching) and micro_batch_size "
-                f"(static batching); got max_tokens_per_gpu={cap!r}, micro_batch_size={mbs!r}"
+                f"(static batching); got max_tokens_per_gpu={cap!r}, micro_batch_size={mbs!r}",
+                argument="max_tokens_per_gpu",
             )
         if cap is not None:
             require_int("max_tokens_per_gpu", cap, maximum=MAX_TOKENS)
@@ -109,16 +113,17 @@ class ScheduleConfig:
             try:
                 model = StepTimeModel(**model)
             except TypeError as error:
-                raise ValueError(f"step_time_model: {error}") from None
+                raise ArgumentError(f"step_time_model: {error}", argument="step_time_model") from None
             object.__setattr__(self, "step_time_model", model)
         if not isinstance(model, StepTimeModel):
-            raise ValueError(f"step_time_model must be a StepTimeModel or None, got {type(model).__name__}")
+            raise ArgumentError(f"step_time_model must be a StepTimeModel or None, got {type(model).__name__}",
+                                argument="step_time_model")
         if self.max_tokens_per_gpu is None:
-            raise ValueError("step_time_model needs max_tokens_per_gpu: static batching (micro_batch_size) "
-                             "has a fixed micro-batch count")
+            raise ArgumentError("step_time_model needs max_tokens_per_gpu: static batching (micro_batch_size) "
+                                "has a fixed micro-batch count", argument="step_time_model")
         if self.balance == "none":
-            raise ValueError("step_time_model needs balance='cost' or 'tokens': balance='none' deals one "
-                             "global packing round-robin")
+            raise ArgumentError("step_time_model needs balance='cost' or 'tokens': balance='none' deals one "
+                                "global packing round-robin", argument="step_time_model")
 
     @property
     def layout(self) -> PipelineLayout:

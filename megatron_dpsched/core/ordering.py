@@ -10,19 +10,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from megatron_dpsched.core.validation import ArgumentError
+
 MICROBATCH_ORDERS = ("pipeline", "none")
 
 
 def resolve_order(microbatch_order: str | None, pp_size: int) -> str:
     """``None`` or ``"auto"`` means ``"pipeline"`` when ``pp_size > 1``, else ``"none"``."""
     if microbatch_order is not None and not isinstance(microbatch_order, str):
-        raise ValueError(f"microbatch_order must be one of auto, {', '.join(MICROBATCH_ORDERS)}; "
-                         f"got {microbatch_order!r}")
+        raise ArgumentError(f"microbatch_order must be one of auto, {', '.join(MICROBATCH_ORDERS)}; "
+                            f"got {microbatch_order!r}", argument="microbatch_order")
     if microbatch_order in (None, "auto"):
         return "pipeline" if pp_size > 1 else "none"
     if microbatch_order not in MICROBATCH_ORDERS:
-        raise ValueError(
-            f"microbatch_order must be one of auto, {', '.join(MICROBATCH_ORDERS)}; got {microbatch_order!r}"
+        raise ArgumentError(
+            f"microbatch_order must be one of auto, {', '.join(MICROBATCH_ORDERS)}; got {microbatch_order!r}",
+            argument="microbatch_order",
         )
     return microbatch_order
 

@@ -77,7 +77,7 @@ from megatron_dpsched.core.cost import DEFAULT_COST_MODEL, CostFunction, require
 from megatron_dpsched.core.planning import plan_step
 from megatron_dpsched.core.steps import split_steps
 from megatron_dpsched.core.steptime import StepTimeModel
-from megatron_dpsched.core.validation import require_lengths
+from megatron_dpsched.core.validation import ArgumentError, require_lengths
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -283,18 +283,20 @@ def _check_plan_size(config: ScheduleConfig, steps: list[list[int]]) -> None:
     """Fail fast on absurd sizes instead of allocating empty micro-batches for idle ranks."""
     largest = max(len(step) for step in steps)
     if config.dp_size > largest:
-        raise ValueError(
+        raise ArgumentError(
             f"dp_size={config.dp_size} is larger than the {largest} samples of the largest step; "
-            f"every data-parallel rank needs at least one sample (plan for fewer ranks or a larger step)"
+            f"every data-parallel rank needs at least one sample (plan for fewer ranks or a larger step)",
+            argument="dp_size",
         )
     layout = config.layout
     slots = len(steps) * config.dp_size * layout.align(1)
     samples = sum(len(step) for step in steps)
     if slots > MAX_SLOTS_PER_SAMPLE * samples + 4096:
-        raise ValueError(
+        raise ArgumentError(
             f"pp_size={layout.pp_size}, vpp_size={layout.vpp_size} and microbatch_group_size_per_vp_stage="
             f"{layout.group_size} need at least {layout.align(1)} micro-batches per rank and step: {slots} for "
-            f"{samples} samples, nearly all of them empty; check the pipeline layout"
+            f"{samples} samples, nearly all of them empty; check the pipeline layout",
+            argument="pp_size",
         )
 
 
@@ -305,9 +307,10 @@ def _check_static_layout(config: ScheduleConfig, groups: Sequence[Hashable] | No
         return
     per_step = mbs * config.dp_size
     if config.global_batch_size % per_step:
-        raise ValueError(
+        raise ArgumentError(
             f"global_batch_size={config.global_batch_size} must be a multiple of micro_batch_size * "
-            f"dp_size = {mbs} * {config.dp_size} = {per_step} for static batching"
+            f"dp_size = {mbs} * {config.dp_size} = {per_step} for static batching",
+            argument="global_batch_size",
         )
 
 

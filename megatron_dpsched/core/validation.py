@@ -10,6 +10,15 @@ MAX_TOKENS = 2**31 - 1
 """Largest token count of a sample or a cap: Megatron's ``cu_seqlens`` are 32-bit integers."""
 
 
+class ArgumentError(ValueError):
+    """A bad planner argument; ``argument`` names it (``balance_growth``), so that a caller can name the flag
+    or option of its own that set it without reading the message."""
+
+    def __init__(self, message: str, *, argument: str) -> None:
+        super().__init__(message)
+        self.argument = argument
+
+
 def is_int(value: object) -> bool:
     """True for Python and NumPy integers, False for bools and everything else."""
     return type(value) is int or (isinstance(value, numbers.Integral) and not isinstance(value, bool))
@@ -23,9 +32,9 @@ def is_real(value: object) -> bool:
 def require_int(name: str, value: object, *, minimum: int = 1, maximum: int | None = None) -> int:
     """Return ``value`` as ``int`` or raise ``ValueError`` naming ``name``."""
     if not is_int(value) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        raise ArgumentError(f"{name} must be an integer >= {minimum}, got {value!r}", argument=name)
     if maximum is not None and value > maximum:
-        raise ValueError(f"{name} must be at most {maximum}, got {value!r}")
+        raise ArgumentError(f"{name} must be at most {maximum}, got {value!r}", argument=name)
     return int(value)
 
 
@@ -34,7 +43,7 @@ def require_bool(name: str, value: object) -> bool:
     kind = type(value)
     if isinstance(value, bool) or (kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_")):
         return bool(value)
-    raise ValueError(f"{name} must be True or False, got {value!r}")
+    raise ArgumentError(f"{name} must be True or False, got {value!r}", argument=name)
 
 
 def require_sequence(name: str, values: object) -> Sequence:
@@ -55,7 +64,7 @@ def require_lengths(lengths: Sequence[int], *, name: str = "lengths") -> tuple[i
     """Validate per-sample token counts: a non-empty sequence of integers in ``1..MAX_TOKENS``."""
     require_sequence(name, lengths)
     if len(lengths) == 0:
-        raise ValueError(f"{name} is empty: there is nothing to schedule")
+        raise ArgumentError(f"{name} is empty: there is nothing to schedule", argument=name)
     values = tuple(lengths)
     if all(type(value) is int for value in values) and 1 <= min(values) and max(values) <= MAX_TOKENS:
         return values  # the common case, at C speed

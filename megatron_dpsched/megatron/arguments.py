@@ -23,43 +23,36 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
-from dataclasses import dataclass
 from typing import Any
 
 from megatron_dpsched.core.config import ScheduleConfig
 from megatron_dpsched.core.cost import CostModel, CostModelFile
 from megatron_dpsched.core.steptime import StepTimeModel
+from megatron_dpsched.core.validation import ArgumentError
 from megatron_dpsched.megatron.collate import gemm_alignment_for, pad_multiple_for
+from megatron_dpsched.options import (
+    BY_STEM,
+    NOMINAL_FLOPS_PER_GPU,
+    OPTIONS,
+    SWITCH_HELP,
+    TRAINING_PREFIX,
+    OptionError,
+    add_options,
+    option_for_field,
+    planned_padding,
+    resolve_collate_format,
+)
+from megatron_dpsched.options import counts_padding as counts_padding_rule
+from megatron_dpsched.options import resolve_objective as objective_rule
 
-BALANCE_CHOICES = ("cost", "tokens", "none")
-VERIFY_CHOICES = ("off", "check", "strict")
-ORDER_CHOICES = ("auto", "pipeline", "none")
-COLLATE_CHOICES = ("bshd", "thd")
-OBJECTIVE_CHOICES = ("step-time", "micro-batches")
-CAP_COUNTS_CHOICES = ("padded", "tokens")
-NOMINAL_FLOPS_PER_GPU = 4e14
-"""Sustained FLOP/s of one GPU assumed by ``--dp-schedule-objective step-time``: with the cost model it turns
-FLOPs into seconds; only its ratio to ``--dp-schedule-microbatch-overhead-ms`` changes the plan."""
-PREFETCH_CHOICES = ("on", "off")
+__all__ = ["NOMINAL_FLOPS_PER_GPU", "OPTION_DEFAULTS", "DPScheduleOptions", "add_dp_schedule_args",
+           "schedule_config_from_args", "schedule_kwargs_from_args", "validate_dp_schedule_args"]
 
 _GROUP_FLAG = "--microbatch-group-size-per-virtual-pipeline-stage"
 
-
-OPTION_DEFAULTS: dict[str, Any] = {
-    "dp_schedule_max_tokens_per_gpu": None,
-    "dp_schedule_balance": "cost",
-    "dp_schedule_verify": "off",
-    "dp_schedule_microbatch_order": "auto",
-    "dp_schedule_collate_format": "bshd",
-    "dp_schedule_balance_growth": 0.0,
-    "dp_schedule_objective": None,
-    "dp_schedule_microbatch_overhead_ms": 2.0,
-    "dp_schedule_cost_model": None,
-    "dp_schedule_prefetch": "on",
-    "dp_schedule_cap_counts": "padded",
-}
+OPTION_DEFAULTS: dict[str, Any] = {option.attribute: option.default for option in OPTIONS}
 """What each ``--dp-schedule-*`` option means when it is not given (the parser's defaults are ``None``, so
-a given option can be told from an unset one)."""
+a given option can be told from an unset one); from :data:`megatron_dpsched.options.OPTIONS`."""
 
 
 def flag_of(attribute: str) -> str:
@@ -67,69 +60,22 @@ def flag_of(attribute: str) -> str:
     return "--" + attribute.replace("_", "-")
 
 
-@dataclass(frozen=True, kw_only=True)
-class DPScheduleOptions:
-    """The ``--dp-schedule*`` flags, read from Megatron's ``args``."""
+def _from_args(cls: type, args: Any) -> Any:
+    """Read the flags (unset ones take the table's default, :data:`OPTION_DEFAULTS`)."""
+    given = {option: getattr(args, option.attribute, None) for option in OPTIONS}
+    values = {option.name: option.default if value is None else value for option, value in given.items()}
+    return cls(enabled=bool(getattr(args, "dp_schedule", False)), **values)
 
-    enabled: bool
-    """``--dp-schedule``: plan micro-batches globally."""
-    max_tokens_per_gpu: int | None
-    """``--dp-schedule-max-tokens-per-gpu``: dynamic batching cap; ``None``: static batching."""
-    balance: str
-    """``--dp-schedule-balance``: what the planner balances across DP ranks."""
-    verify: str
-    """``--dp-schedule-verify``: ``off``, ``check`` (run ``schedule.check()`` on every step's plan;
-    a shipped plan is always checked once, when its feed is built) or ``strict`` (also check that each
-    model chunk consumed exactly the planned micro-batches)."""
-    microbatch_order: str | None
-    """``--dp-schedule-microbatch-order``; ``None`` for ``auto``."""
-    collate_format: str
-    """``--dp-schedule-collate-format``: micro-batches as packed sequences (``thd`` with ``cu_seqlens``; needs an
-    attention backend that takes ``PackedSeqParams``) or padded rows (``bshd``); validation resolves the
-    default (:func:`default_collate_format`)."""
-    balance_growth: float
-    """``--dp-schedule-balance-growth``: share of extra micro-batches the planner may spend to balance
-    ranks when the token cap keeps them apart (0: never more than one global packing needs)."""
-    objective: str | None
-    """``--dp-schedule-objective``: ``step-time`` (counts for the smallest simulated pipeline step time) or
-    ``micro-batches`` (the fewest that balance); ``None``: ``step-time`` where it applies (PP > 1, a token cap,
-    balance ``cost`` or ``tokens``, the model's dimensions in ``args``), see :func:`resolve_objective`."""
-    microbatch_overhead_ms: float
-    """``--dp-schedule-microbatch-overhead-ms``: fixed forward time of one micro-batch for the step-time model."""
-    cost_model_file: str | None = None
-    """``--dp-schedule-cost-model``: a cost-model file (``megatron-dpsched calibrate``); balance ``cost`` then
-    balances its per-sample cost and the step-time objective uses its step-time model."""
-    prefetch: bool = True
-    """``--dp-schedule-prefetch``: plan and collate the next step in a background thread while the
-    current one trains (at most one step ahead); ``off`` does both on the training thread."""
-    cap_counts: str = "padded"
-    """``--dp-schedule-cap-counts``: what the token cap bounds: ``padded`` (the collated micro-batch: every
-    sequence padded to the layout's multiple, :func:`pad_multiple_from_args`, and with ``bshd`` rows x the
-    longest row) or ``tokens`` (real tokens; the collated tensor may exceed the cap)."""
 
-    @classmethod
-    def from_args(cls, args: Any) -> DPScheduleOptions:
-        """Read the flags (unset ones take :data:`OPTION_DEFAULTS`)."""
-
-        def value(attribute: str) -> Any:
-            given = getattr(args, attribute, None)
-            return OPTION_DEFAULTS[attribute] if given is None else given
-
-        order = value("dp_schedule_microbatch_order")
-        return cls(
-            enabled=bool(getattr(args, "dp_schedule", False)),
-            max_tokens_per_gpu=value("dp_schedule_max_tokens_per_gpu"),
-            balance=value("dp_schedule_balance"),
-            verify=value("dp_schedule_verify"),
-            microbatch_order=None if order == "auto" else order,
-            balance_growth=value("dp_schedule_balance_growth"),
-            collate_format=value("dp_schedule_collate_format"),
-            objective=value("dp_schedule_objective"),
-            microbatch_overhead_ms=value("dp_schedule_microbatch_overhead_ms"),
-            cost_model_file=value("dp_schedule_cost_model"),
-            prefetch=value("dp_schedule_prefetch") == "on",
-            cap_counts=value("dp_schedule_cap_counts"),
-        )
+DPScheduleOptions = dataclasses.make_dataclass(
+    "DPScheduleOptions",
+    [("enabled", bool), *((option.name, option.kind | None) for option in OPTIONS)],
+    frozen=True, kw_only=True, namespace={"from_args": classmethod(_from_args)},
+    module=__name__,
+)
+DPScheduleOptions.__doc__ = """The ``--dp-schedule*`` flags, read from Megatron's ``args`` (``from_args``): ``enabled``
+(``--dp-schedule``) and one attribute per row of :data:`megatron_dpsched.options.OPTIONS`, named after its
+stem (``balance_growth``, ``cost_model``, ...; see ``docs/options.md``); unset ones hold the table's default."""
 
 
 _STRAY_PERCENT = re.compile(r"(?<!%)%(?!\(\w+\)[a-zA-Z%]|%)")
@@ -152,73 +98,19 @@ def add_dp_schedule_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     calls after adding its own flags: their help texts are made printable, see :func:`escape_stray_percent`)."""
     escape_stray_percent(parser)
     group = parser.add_argument_group(title="dp-schedule (global micro-batch scheduling)")
-    group.add_argument("--dp-schedule", action="store_true",
-                       help="Plan each step's micro-batches globally across data-parallel ranks "
-                            "(variable micro-batch count per step, per-token loss). The other "
-                            "--dp-schedule-* flags need it.")
-    group.add_argument("--dp-schedule-max-tokens-per-gpu", type=int, default=None,
-                       help="Dynamic batching: at most this many tokens per micro-batch per GPU. "
-                            "Unset: static batching with --micro-batch-size.")
-    group.add_argument("--dp-schedule-balance", choices=BALANCE_CHOICES, default=None,
-                       help="Balance a FLOPs model of the configured GPT (default: cost; dense, GQA, SwiGLU, "
-                            "MoE and MLA from the model flags), raw token counts, or nothing.")
-    group.add_argument("--dp-schedule-verify", choices=VERIFY_CHOICES, default=None,
-                       help="check: run schedule.check() every step; strict: also verify every "
-                            "model chunk consumed exactly the planned micro-batches (default: off). "
-                            "Sample lengths and the plan's agreement across ranks are always checked.")
-    group.add_argument("--dp-schedule-microbatch-order", choices=ORDER_CHOICES, default=None,
-                       help="Micro-batch order within a step (default: auto = pipeline when PP > 1).")
-    group.add_argument("--dp-schedule-collate-format", choices=COLLATE_CHOICES, default=None,
-                       help="Micro-batch layout: packed sequences with cu_seqlens (thd: no padding; needs an "
-                            "attention backend that takes packed sequences: Transformer Engine, or a --spec "
-                            "layer spec) or padded rows (bshd: any attention backend; rows are padded to the "
-                            "micro-batch's longest sample, which the token cap counts: rows x longest, see "
-                            "--dp-schedule-cap-counts). "
-                            "Default: thd with --transformer-impl transformer_engine when Transformer Engine "
-                            "is installed, else bshd.")
-    group.add_argument("--dp-schedule-balance-growth", type=float, default=None,
-                       help="With --dp-schedule-max-tokens-per-gpu: share (0 to 10) of extra micro-batches per "
-                            "step the planner may spend to balance ranks when the token cap keeps them apart "
-                            "(heavy tails at high fill); default 0, never more than one global packing needs. "
-                            "With the step-time objective it caps the extra micro-batches that objective adds.")
-    group.add_argument("--dp-schedule-objective", choices=OBJECTIVE_CHOICES, default=None,
-                       help="step-time: per step, the micro-batch count (and packing) with the smallest "
-                            "simulated step time of Megatron's pipeline schedule, from the cost model at a "
-                            "nominal 400 TFLOP/s per GPU plus --dp-schedule-microbatch-overhead-ms per "
-                            "micro-batch; needs --dp-schedule-max-tokens-per-gpu and balance cost or tokens. "
-                            "micro-batches: the fewest micro-batches that balance the ranks. Default: "
-                            "step-time with PP > 1 and a token cap (balance cost or tokens), else micro-batches.")
-    group.add_argument("--dp-schedule-microbatch-overhead-ms", type=float, default=None,
-                       help="Step-time objective: fixed forward milliseconds of every micro-batch over the whole "
-                            "model (kernel launches, pipeline hand-offs); default 2.")
-    group.add_argument("--dp-schedule-cost-model", default=None, metavar="FILE",
-                       help="A cost-model file written by 'megatron-dpsched calibrate' (measured seconds per token, "
-                            "per sum of squared lengths and per micro-batch): balance cost balances its per-sample "
-                            "cost instead of the FLOPs model, and the step-time objective uses its step-time model "
-                            "instead of the nominal FLOP/s and --dp-schedule-microbatch-overhead-ms.")
-    group.add_argument("--dp-schedule-prefetch", choices=PREFETCH_CHOICES, default=None,
-                       help="on (default): plan and collate the next step in one background thread while the "
-                            "current step trains (at most one step ahead; errors are raised on the training "
-                            "thread when their micro-batch is due); off: both on the training thread. "
-                            "Results are the same either way.")
-    group.add_argument("--dp-schedule-cap-counts", choices=CAP_COUNTS_CHOICES, default=None,
-                       help="What --dp-schedule-max-tokens-per-gpu bounds. padded (default): the collated "
-                            "micro-batch, what memory and compute see: every sequence rounded up to the multiple "
-                            "the layout pads to (2 x CP, times TP with --sequence-parallel, and a multiple of 16 "
-                            "with --fp8-format, 32 with --fp8-recipe mxfp8 or --fp4-format), and with the bshd "
-                            "layout the row count times the longest row. tokens: real tokens only (the collated "
-                            "tensor can exceed the cap; bshd by several times).")
+    group.add_argument("--dp-schedule", action="store_true", help=SWITCH_HELP)
+    add_options(group, prefix=TRAINING_PREFIX, unset_defaults=True)
     return parser
 
 
 def cost_model_file_from_args(options: DPScheduleOptions) -> CostModelFile | None:
     """The ``--dp-schedule-cost-model`` file, validated; a ``ValueError`` names the flag and the bad field."""
-    if options.cost_model_file is None:
+    if options.cost_model is None:
         return None
     try:
-        return CostModelFile.load(options.cost_model_file)
+        return CostModelFile.load(options.cost_model)
     except ValueError as error:
-        raise ValueError(f"--dp-schedule-cost-model: {error}") from None
+        raise OptionError(f"--dp-schedule-cost-model: {error}", option="--dp-schedule-cost-model") from None
 
 
 def validate_dp_schedule_args(args: Any) -> None:
@@ -233,6 +125,7 @@ def validate_dp_schedule_args(args: Any) -> None:
     if not options.enabled:
         _refuse_options_without_dp_schedule(args)
         return
+    _check_values(args)
     _check_token_cap(options, args)
     _check_pipeline_layout(args)
     _refuse_conflicts(args)
@@ -255,6 +148,14 @@ def _draws_random_numbers(args: Any) -> bool:
                 or getattr(args, "moe_input_jitter_eps", None))
 
 
+def _check_values(args: Any) -> None:
+    """Every given ``--dp-schedule-*`` value against its row's range or choices (:class:`OptionError`)."""
+    for option in OPTIONS:
+        value = getattr(args, option.attribute, None)
+        if value is not None:
+            option.check(value)
+
+
 def _refuse_options_without_dp_schedule(args: Any) -> None:
     given = [flag_of(attribute) for attribute in OPTION_DEFAULTS if getattr(args, attribute, None) is not None]
     if given:
@@ -263,17 +164,12 @@ def _refuse_options_without_dp_schedule(args: Any) -> None:
 
 
 def _check_token_cap(options: DPScheduleOptions, args: Any) -> None:
-    growth = options.balance_growth
-    if not 0.0 <= growth <= 10.0:
-        raise ValueError(f"--dp-schedule-balance-growth must be between 0 and 10; got {growth}")
     cap = options.max_tokens_per_gpu
     if cap is None:
-        if growth:
+        if options.balance_growth:
             raise ValueError("--dp-schedule-balance-growth needs --dp-schedule-max-tokens-per-gpu: static "
                              "batching (--micro-batch-size) has a fixed micro-batch count to grow from")
         return
-    if cap < 1:
-        raise ValueError(f"--dp-schedule-max-tokens-per-gpu must be >= 1; got {cap}")
     if args.micro_batch_size != 1:
         raise ValueError(
             "--dp-schedule-max-tokens-per-gpu plans micro-batches by tokens; --micro-batch-size "
@@ -283,17 +179,14 @@ def _check_token_cap(options: DPScheduleOptions, args: Any) -> None:
 
 def default_collate_format(args: Any) -> str:
     """``thd`` where the attention backend takes packed sequences (Transformer Engine installed and
-    ``--transformer-impl transformer_engine``), else ``bshd``."""
-    import importlib.util
-
-    engine = getattr(args, "transformer_impl", "transformer_engine") == "transformer_engine"
-    return "thd" if engine and importlib.util.find_spec("transformer_engine") is not None else "bshd"
+    ``--transformer-impl transformer_engine``), else ``bshd``: :func:`~megatron_dpsched.options.resolve_collate_format`,
+    the rule the what-if tool follows too."""
+    return resolve_collate_format(None, transformer_impl=getattr(args, "transformer_impl", "transformer_engine"))
 
 
 def _check_collate_format(options: DPScheduleOptions, args: Any) -> None:
     """Resolve the default layout into ``args``; ``thd`` needs a backend that takes ``PackedSeqParams``."""
-    if getattr(args, "dp_schedule_collate_format", None) is None:
-        args.dp_schedule_collate_format = default_collate_format(args)
+    args.dp_schedule_collate_format = collate_format_from_args(args)
     custom_spec = bool(getattr(args, "spec", None))
     if args.dp_schedule_collate_format == "thd" and getattr(args, "transformer_impl", None) == "local" \
             and not custom_spec:
@@ -357,21 +250,23 @@ def _refuse_conflicts(args: Any) -> None:
                          "lengths; use alltoall or flex with --dp-schedule and PP > 1")
 
 
-_PLANNER_FLAGS = {
-    "step_time_model": "--dp-schedule-objective",
-    "max_tokens_per_gpu": "--dp-schedule-max-tokens-per-gpu",
+_MEGATRON_FLAGS = {
     "micro_batch_size": "--micro-batch-size",
-    "balance_growth": "--dp-schedule-balance-growth",
     "microbatch_group_size_per_vp_stage": _GROUP_FLAG,
-    "microbatch_order": "--dp-schedule-microbatch-order",
     "global_batch_size": "--global-batch-size",
-    "balance": "--dp-schedule-balance",
     "vpp_size": "--num-layers-per-virtual-pipeline-stage (virtual pipeline size)",
     "pp_size": "--pipeline-model-parallel-size",
     "cp_size": "--context-parallel-size",
     "dp_size": "data-parallel size (world size / (TP x PP x CP))",
 }
-"""Planner keyword -> the Megatron flag that sets it (most specific names first)."""
+"""Planner arguments that Megatron's own flags set (the ``--dp-schedule-*`` ones come from the option table)."""
+
+
+def flag_for_argument(argument: str) -> str:
+    """The flag behind a planner argument (:attr:`ArgumentError.argument`): a ``--dp-schedule-*`` option of the
+    table, a Megatron flag, or ``--dp-schedule`` itself."""
+    option = option_for_field(argument)
+    return option.flag if option is not None else _MEGATRON_FLAGS.get(argument, "--dp-schedule")
 
 
 def schedule_config_from_args(args: Any, *, data_parallel_size: int) -> ScheduleConfig:
@@ -379,6 +274,7 @@ def schedule_config_from_args(args: Any, *, data_parallel_size: int) -> Schedule
     options = DPScheduleOptions.from_args(args)
     static = options.max_tokens_per_gpu is None
     vpp = getattr(args, "virtual_pipeline_model_parallel_size", None) or 1
+    step_time_model, padding = step_time_model_from_args(args, options), padding_from_args(args, options)
     try:
         return ScheduleConfig(
             dp_size=data_parallel_size,
@@ -393,12 +289,12 @@ def schedule_config_from_args(args: Any, *, data_parallel_size: int) -> Schedule
             balance=options.balance,
             microbatch_order=options.microbatch_order,
             balance_growth=options.balance_growth,
-            step_time_model=step_time_model_from_args(args, options),
-            **padding_from_args(args, options),
+            step_time_model=step_time_model,
+            **padding,
         )
-    except ValueError as error:
-        flag = next((f for name, f in _PLANNER_FLAGS.items() if name in str(error)), "--dp-schedule")
-        raise ValueError(f"{flag}: {error}") from None
+    except ArgumentError as error:
+        flag = flag_for_argument(error.argument)
+        raise OptionError(f"{flag}: {error}", option=flag) from None
 
 
 def pad_multiple_from_args(args: Any) -> int:
@@ -416,29 +312,30 @@ def pad_multiple_from_args(args: Any) -> int:
 def counts_padding(options: DPScheduleOptions) -> bool:
     """Whether the plan counts collate's padding against the cap (a token cap and ``--dp-schedule-cap-counts
     padded``)."""
-    return options.max_tokens_per_gpu is not None and options.cap_counts == "padded"
+    return counts_padding_rule(cap_counts=options.cap_counts, token_cap=options.max_tokens_per_gpu is not None)
 
 
 def padding_from_args(args: Any, options: DPScheduleOptions) -> dict[str, Any]:
-    """``pad_multiple`` and ``padded_rows`` of the plan: collate's multiple, and padded rows with ``bshd``,
-    when the cap counts padding; else ``1`` and ``False`` (real tokens; static batching has no cap)."""
-    if options.cap_counts not in CAP_COUNTS_CHOICES:
-        raise ValueError(f"--dp-schedule-cap-counts must be one of {', '.join(CAP_COUNTS_CHOICES)}; "
-                         f"got {options.cap_counts!r}")
-    if not counts_padding(options):
-        return {"pad_multiple": 1, "padded_rows": False}
-    return {"pad_multiple": pad_multiple_from_args(args), "padded_rows": options.collate_format == "bshd"}
+    """``pad_multiple`` and ``padded_rows`` of the plan (:func:`~megatron_dpsched.options.planned_padding`, the
+    what-if tool's rule too): collate's multiple, and padded rows with ``bshd``, when the cap counts padding;
+    else ``1`` and ``False`` (real tokens; static batching has no cap)."""
+    return planned_padding(cap_counts=options.cap_counts, token_cap=options.max_tokens_per_gpu is not None,
+                           pad_multiple=pad_multiple_from_args(args), collate_format=collate_format_from_args(args))
+
+
+def collate_format_from_args(args: Any) -> str:
+    """``--dp-schedule-collate-format``, or its default for this run (:func:`default_collate_format`)."""
+    given = getattr(args, "dp_schedule_collate_format", None)
+    return default_collate_format(args) if given is None else given
 
 
 def resolve_objective(options: DPScheduleOptions, args: Any) -> str:
     """The objective ``--dp-schedule-objective`` names, or by default ``step-time`` with PP > 1, a token cap
     and balance ``cost`` or ``tokens`` (where more micro-batches can shrink pipeline bubbles)."""
-    if options.objective is not None:
-        return options.objective
-    pipelined = getattr(args, "pipeline_model_parallel_size", 1) > 1
-    capped = options.max_tokens_per_gpu is not None and options.balance != "none"
-    sized = getattr(args, "hidden_size", None) is not None or options.cost_model_file is not None  # a model
-    return "step-time" if pipelined and capped and sized else "micro-batches"
+    sized = getattr(args, "hidden_size", None) is not None or options.cost_model is not None  # a model to time
+    return objective_rule(options.objective, pp_size=getattr(args, "pipeline_model_parallel_size", 1),
+                          token_cap=options.max_tokens_per_gpu is not None, balance=options.balance,
+                          has_model=sized)
 
 
 def step_time_model_from_args(args: Any, options: DPScheduleOptions) -> StepTimeModel | None:
@@ -446,23 +343,25 @@ def step_time_model_from_args(args: Any, options: DPScheduleOptions) -> StepTime
     :data:`NOMINAL_FLOPS_PER_GPU`, plus the per-micro-batch overhead; ``None`` for ``micro-batches``."""
     if resolve_objective(options, args) != "step-time":
         return None
-    overhead = options.microbatch_overhead_ms
-    if not 0.0 <= overhead <= 1e6:
-        raise ValueError(f"--dp-schedule-microbatch-overhead-ms must be between 0 and 1e6; got {overhead}")
+    overhead = BY_STEM["microbatch-overhead-ms"].check(options.microbatch_overhead_ms)
     measured = cost_model_file_from_args(options)
     if measured is not None:
         if getattr(args, "dp_schedule_microbatch_overhead_ms", None) is not None:
-            raise ValueError("--dp-schedule-microbatch-overhead-ms cannot be combined with --dp-schedule-cost-model, "
-                             "whose step-time model has its own measured seconds per micro-batch")
+            raise OptionError("--dp-schedule-microbatch-overhead-ms cannot be combined with --dp-schedule-cost-model, "
+                              "whose step-time model has its own measured seconds per micro-batch",
+                              option="--dp-schedule-microbatch-overhead-ms")
         return measured.step_time_model()
     if getattr(args, "hidden_size", None) is None:
-        raise ValueError("step_time_model needs the model's --hidden-size, --num-layers and "
-                         "--num-attention-heads for its cost model")
+        raise OptionError("--dp-schedule-objective: step-time needs the model's --hidden-size, --num-layers and "
+                          "--num-attention-heads for its cost model", option="--dp-schedule-objective")
     gpus = getattr(args, "tensor_model_parallel_size", 1) * getattr(args, "context_parallel_size", 1)
-    return StepTimeModel.from_cost_model(
-        CostModel.from_megatron_args(args), flops_per_second=NOMINAL_FLOPS_PER_GPU * gpus,
-        seconds_per_microbatch=overhead / 1000.0,
-    )
+    try:
+        return StepTimeModel.from_cost_model(
+            CostModel.from_megatron_args(args), flops_per_second=NOMINAL_FLOPS_PER_GPU * gpus,
+            seconds_per_microbatch=overhead / 1000.0,
+        )
+    except ValueError as error:  # figures the model flags make too large or small to time
+        raise OptionError(f"--dp-schedule-objective step-time: {error}", option="--dp-schedule-objective") from None
 
 
 def schedule_kwargs_from_args(args: Any, *, data_parallel_size: int) -> dict[str, Any]:

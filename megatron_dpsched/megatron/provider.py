@@ -24,6 +24,7 @@ from typing import Any
 from megatron_dpsched.data.sampling import SampleOrder
 from megatron_dpsched.megatron.arguments import (
     DPScheduleOptions,
+    collate_format_from_args,
     counts_padding,
     pad_multiple_from_args,
     schedule_kwargs_from_args,
@@ -152,7 +153,7 @@ def build_feed(
         collate=collate,
         verify=options.verify,
         name=role,
-        prefetch=options.prefetch,
+        prefetch=options.prefetch == "on",
     )
 
 
@@ -166,7 +167,7 @@ def sample_order_from_args(args: Any, *, num_samples: int, groups: Sequence[Any]
 def collate_config_from_args(args: Any) -> CollateConfig:
     """``--dp-schedule-collate-format`` with the sequence multiple the TP/SP/CP/FP8 layout needs (the multiple
     the plan counts, :func:`~megatron_dpsched.megatron.arguments.pad_multiple_from_args`)."""
-    return CollateConfig(format=DPScheduleOptions.from_args(args).collate_format,
+    return CollateConfig(format=collate_format_from_args(args),
                          pad_multiple=pad_multiple_from_args(args))
 
 

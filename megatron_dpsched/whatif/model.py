@@ -9,6 +9,7 @@ from dataclasses import fields
 from typing import Any
 
 from megatron_dpsched.core.cost import COST_MODEL_FILE_FORMAT, CostModel, CostModelFile
+from megatron_dpsched.options import BY_STEM, NOMINAL_FLOPS_PER_GPU
 from megatron_dpsched.whatif.analysis import Simulation
 
 DEFAULT_MODEL = CostModel(
@@ -20,8 +21,6 @@ DEFAULT_MODEL = CostModel(
 SHAPE_FLAGS = ("hidden_size", "num_layers", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
                "vocab_size", "swiglu")
 """``CostModel`` fields that have a Megatron flag of the same name (``--hidden-size``, ...)."""
-DEFAULT_FLOPS_PER_GPU = 4e14
-"""``--flops-per-gpu`` when not given."""
 SHAPE_NAMES = frozenset(field.name for field in fields(CostModel))
 
 
@@ -92,12 +91,12 @@ def model_from_flags(args: Any) -> tuple[CostModel, str]:
 
 def simulation_from_flags(args: Any) -> tuple[Simulation, str]:
     """How the options balance and time samples, and where the model came from: ``--cost-model FILE``'s
-    measured costs, else a model shape's FLOPs at ``--flops-per-gpu`` plus ``--microbatch-overhead``."""
+    measured costs, else a model shape's FLOPs at ``--flops-per-gpu`` plus ``--microbatch-overhead-ms``."""
     common = {"tp_size": args.tp_size, "collate_format": args.collate_format}
     if not args.cost_model:
         model, source = model_from_flags(args)
-        flops = DEFAULT_FLOPS_PER_GPU if args.flops_per_gpu is None else args.flops_per_gpu
-        overhead = args.microbatch_overhead or 0.0
+        flops = NOMINAL_FLOPS_PER_GPU if args.flops_per_gpu is None else args.flops_per_gpu
+        overhead = args.microbatch_overhead_ms / 1000.0
         return Simulation(cost_model=model, flops_per_gpu=flops, seconds_per_microbatch=overhead, **common), source
     extra = _combined_with_cost_model(args)
     if extra:
@@ -116,7 +115,13 @@ def _combined_with_cost_model(args: Any) -> list[str]:
     flags = ["--model-shape"] if args.model_shape else []
     flags += ["--" + name.replace("_", "-") for name in SHAPE_FLAGS if getattr(args, name) not in (None, False)]
     return flags + [flag for flag, value in (("--flops-per-gpu", args.flops_per_gpu),
-                                             ("--microbatch-overhead", args.microbatch_overhead)) if value is not None]
+                                             ("--microbatch-overhead-ms", _overhead_given(args))) if value is not None]
+
+
+def _overhead_given(args: Any) -> float | None:
+    """``--microbatch-overhead-ms`` when it differs from its default (the table's, as in training)."""
+    default = BY_STEM["microbatch-overhead-ms"].default
+    return None if args.microbatch_overhead_ms == default else args.microbatch_overhead_ms
 
 
 def describe_model(model: CostModel) -> str:

@@ -30,7 +30,8 @@ def _argv(corpus: Path, *extra: str, train_iters: int = 2) -> list[str]:
      "--dp-schedule-balance-growth must be between 0 and 10; got 50.0"),
     (("--dp-schedule", "--dp-schedule-balance-growth", "0.5"),
      "--dp-schedule-balance-growth needs --dp-schedule-max-tokens-per-gpu"),
-    (("--dp-schedule", "--dp-schedule-max-tokens-per-gpu", "0"), "--dp-schedule-max-tokens-per-gpu must be >= 1"),
+    (("--dp-schedule", "--dp-schedule-max-tokens-per-gpu", "0"),
+     "--dp-schedule-max-tokens-per-gpu must be between 1 and 2147483647; got 0"),
 ])
 def test_bad_flags_fail_before_the_model_is_built(corpus: Path, extra: tuple, message: str) -> None:
     proc = python(_argv(corpus, *extra))

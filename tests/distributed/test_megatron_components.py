@@ -166,7 +166,7 @@ def test_plain_megatron_arguments_pass_without_the_switch() -> None:
     (("--dp-schedule-balance-growth", "0.5"), False,
      "--dp-schedule-balance-growth needs --dp-schedule-max-tokens-per-gpu"),
     (("--dp-schedule-max-tokens-per-gpu", str(2**31)), True,
-     "--dp-schedule-max-tokens-per-gpu: max_tokens_per_gpu must be at most 2147483647"),
+     "--dp-schedule-max-tokens-per-gpu must be between 1 and 2147483647; got 2147483648"),
 ])
 def test_planner_options_are_validated_at_argument_time(extra: tuple, token_cap: bool, message: str) -> None:
     argv = harness.base_argv(extra=list(extra), token_cap=token_cap)

@@ -117,7 +117,7 @@ def test_a_model_shape_given_as_cost_model_names_model_shape(tmp_path: Path, cap
 def test_cost_model_errors_are_one_line(tmp_path: Path, calibrated: Path, capsys) -> None:
     lengths, path = _lengths(tmp_path), str(calibrated)
     for extra, named in ((["--flops-per-gpu", "1e14"], "--flops-per-gpu"),
-                         (["--microbatch-overhead", "0.001"], "--microbatch-overhead"),
+                         (["--microbatch-overhead-ms", "1"], "--microbatch-overhead-ms"),
                          (["--hidden-size", "64"], "--hidden-size"), (["--model-shape", path], "--model-shape")):
         _one_line_error(capsys, ["plan", lengths, *LAYOUT, "--cost-model", path, *extra],
                         f"--cost-model cannot be combined with {named}")

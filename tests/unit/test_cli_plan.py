@@ -18,6 +18,7 @@ from megatron_dpsched.whatif.model import DEFAULT_MODEL
 LENGTHS = [60, 60, 60, 60, 30, 30, 30, 30, 90]
 LAYOUT = ["--dp-size", "2", "--global-batch-size", "4", "--max-tokens-per-gpu", "100"]
 FLOPS = 4e14
+OVERHEAD = 0.002  # seconds per micro-batch forward: --microbatch-overhead-ms's default, training's 2 ms
 
 
 def _write(tmp_path, text: str, name: str = "lengths.txt") -> str:
@@ -37,10 +38,11 @@ def _rows(out: str) -> dict[str, list[list[str]]]:
 
 
 def _seconds(micro_batches_per_rank: list[list[list[int]]]) -> float:
-    """Step time with PP 1 restated: the slowest rank's 3 x sum of forward times (a + b per token pair)."""
+    """Step time with PP 1 restated: the slowest rank's 3 x sum of forward times (overhead + a per token + b per
+    token pair)."""
     a = DEFAULT_MODEL.linear_flops_per_token / FLOPS
     b = DEFAULT_MODEL.quadratic_flops_per_token_pair / FLOPS
-    return max(sum(3 * (a * sum(mb or [1]) + b * sum(n * n for n in (mb or [1]))) for mb in rank)
+    return max(sum(3 * (OVERHEAD + a * sum(mb or [1]) + b * sum(n * n for n in (mb or [1]))) for mb in rank)
                for rank in micro_batches_per_rank)
 
 
@@ -71,7 +73,7 @@ def test_table_puts_the_strategies_side_by_side_with_hand_derived_totals(tmp_pat
 def test_padding_of_megatron_fixed_and_of_bshd_packing(tmp_path, capsys) -> None:
     # longest 50, cap 100: Megatron fixed runs 2 samples per micro-batch, [50, 10] padded to 2 x 50
     path = _write(tmp_path, "50 10 50 10 40 40 40 40")
-    assert main(["plan", path, *LAYOUT, "--json"]) == 0
+    assert main(["plan", path, *LAYOUT, "--json", "--collate-format", "thd"]) == 0
     report = json.loads(capsys.readouterr().out)
     fixed = report["steps"][0]["strategies"]["megatron_fixed"]
     assert (fixed["padding"], fixed["tokens"]) == (80, 120)
@@ -167,7 +169,7 @@ def test_progress_bar_on_request(tmp_path, capsys) -> None:
 
 def test_with_a_pipeline_the_plan_minimises_the_simulated_step_time(capsys) -> None:
     layout = ["--dp-size", "8", "--global-batch-size", "256", "--max-tokens-per-gpu", "1024", "--pp-size", "4",
-              "--microbatch-overhead", "0.001", "--json"]
+              "--microbatch-overhead-ms", "1", "--json"]
     totals = {}
     for objective in ("step-time", "micro-batches"):
         assert main(["plan", "megatron_dpsched/data/gsm8k_train.txt", *layout, "--objective", objective]) == 0
