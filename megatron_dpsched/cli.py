@@ -37,6 +37,7 @@ from megatron_dpsched.whatif.inputs import load_sample_lengths, read_lengths
 from megatron_dpsched.whatif.model import model_from_flags
 from megatron_dpsched.whatif.progress import Progress
 from megatron_dpsched.whatif.report import header_lines, report_json, table_lines
+from megatron_dpsched.whatif.sweep import parse_caps, run_sweep
 
 __all__ = ["build_parser", "load_plan", "main", "read_lengths"]
 
@@ -92,13 +93,22 @@ NON_NEGATIVE = _number(float, minimum=0.0, strict=False)
 GREATER_THAN_ZERO = _number(float, minimum=0.0, strict=True)
 
 
+def _caps(text: str) -> tuple[int, ...]:
+    """``--max-tokens-per-gpu``: one cap, or several separated by commas (a sweep)."""
+    try:
+        return parse_caps(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def _add_layout(plan: argparse.ArgumentParser) -> None:
     group = plan.add_argument_group("layout")
     group.add_argument("--dp-size", type=POSITIVE, required=True, help="data-parallel ranks")
     group.add_argument("--global-batch-size", type=POSITIVE, required=True, help="samples per optimizer step")
     batching = group.add_mutually_exclusive_group(required=True)
-    batching.add_argument("--max-tokens-per-gpu", type=POSITIVE, metavar="CAP",
-                          help="token cap of one micro-batch on one GPU (x CP per DP rank): dynamic batching")
+    batching.add_argument("--max-tokens-per-gpu", type=_caps, metavar="CAP[,CAP...]",
+                          help="token cap of one micro-batch on one GPU (x CP per DP rank): dynamic batching; "
+                               "several caps (4096,8192,16384) compare the caps and recommend one")
     batching.add_argument("--micro-batch-size", type=POSITIVE,
                           help="static batching: samples per micro-batch (no baselines to compare with)")
     group.add_argument("--pp-size", type=POSITIVE, default=1, help="pipeline-parallel stages (default 1)")
@@ -252,6 +262,9 @@ def _pad_multiple(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace, *, step_time_model: StepTimeModel | None = None) -> ScheduleConfig:
+    if args.global_batch_size % args.dp_size:
+        raise ValueError(f"--global-batch-size {args.global_batch_size} must be a multiple of --dp-size "
+                         f"{args.dp_size}: Megatron refuses any other global batch")
     try:
         return ScheduleConfig(
             dp_size=args.dp_size, global_batch_size=args.global_batch_size,
@@ -294,6 +307,10 @@ def _warn(warnings: Sequence[PlanWarning]) -> None:
 
 
 def _run_plan(args: argparse.Namespace) -> int:
+    caps = args.max_tokens_per_gpu or (None,)
+    if len(caps) > 1:
+        return run_sweep(args, caps=caps, what_if=_what_if, warn=_warn)
+    args.max_tokens_per_gpu = caps[0]
     report, source, model_source = _what_if(args)
     step = report.slowest_step if args.plot_step is None else args.plot_step
     if step >= len(report.steps):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -18,10 +18,12 @@ COLUMNS_HELP = (
 )
 
 
-def layout_title(report: WhatIf) -> str:
-    """``DP 8, PP 2, VPP 1, CP 1, TP 1, cap 16384 tokens``: the layout in a line (plot titles, table header)."""
+def layout_title(report: WhatIf, *, caps: Sequence[int] = ()) -> str:
+    """``DP 8, PP 2, VPP 1, CP 1, TP 1, cap 16384 tokens``: the layout in a line (plot titles, table header);
+    ``caps`` (a sweep) replace the report's own cap."""
     config = report.config
-    batching = (f"cap {config.max_tokens_per_gpu} tokens/GPU" if config.max_tokens_per_gpu is not None
+    batching = (f"caps {', '.join(map(str, caps))} tokens/GPU" if caps
+                else f"cap {config.max_tokens_per_gpu} tokens/GPU" if config.max_tokens_per_gpu is not None
                 else f"micro-batch size {config.micro_batch_size}")
     return (f"DP {config.dp_size}, PP {config.pp_size}, VPP {config.vpp_size}, CP {config.cp_size}, "
             f"TP {report.simulation.tp_size}, {batching}")
@@ -68,19 +70,29 @@ def table_lines(report: WhatIf, *, header: list[str]) -> Iterator[str]:
            "mean over steps")
 
 
-def header_lines(report: WhatIf, *, source: str, model_source: str) -> list[str]:
-    """What was planned: input, layout, model, throughput."""
+def header_lines(report: WhatIf, *, source: str, model_source: str, caps: Sequence[int] = ()) -> list[str]:
+    """What was planned: input, layout, model, throughput (``caps``: a sweep's)."""
     config, simulation = report.config, report.simulation
     samples = len(report.schedules[OURS].lengths)
     return [
         f"input: {source}, {samples} samples; global batch {config.global_batch_size}, "
         f"{len(report.steps)} steps; balance {config.balance}",
-        f"layout: {layout_title(report)}; packed micro-batches as {simulation.collate_format} "
-        "(Megatron fixed: padded rows)",
+        f"layout: {layout_title(report, caps=caps)}; packed micro-batches as {simulation.collate_format} "
+        f"(Megatron fixed: padded rows{_fixed_size(report, caps=caps)})",
         f"model: {describe_model(simulation.cost_model)} ({model_source}); "
         f"{simulation.flops_per_gpu / 1e12:g} TFLOP/s per GPU, "
         f"{simulation.seconds_per_microbatch * 1e3:g} ms per micro-batch",
     ]
+
+
+def _fixed_size(report: WhatIf, *, caps: Sequence[int]) -> str:
+    if caps:
+        return " of the largest micro-batch size Megatron accepts at each cap, column mbs"
+    size = report.fixed_micro_batch_size
+    if size is None:
+        return ""
+    return (f" of {size} samples, the largest micro-batch size Megatron accepts, global batch % (size x DP) = 0, "
+            "whose micro-batch of the longest sample fits the cap")
 
 
 def _strategy_json(row: StrategyStep | StrategyTotal) -> dict[str, Any]:
@@ -105,6 +117,7 @@ def report_json(report: WhatIf, *, source: str, model_source: str, plots: list[s
         "samples": len(report.schedules[OURS].lengths),
         "config": asdict(report.config),
         "tp_size": report.simulation.tp_size,
+        "megatron_fixed_micro_batch_size": report.fixed_micro_batch_size,
         "simulation": {**asdict(report.simulation), "cost_model_source": model_source},
         "strategies": list(report.strategies),
         "columns": COLUMNS_HELP,
