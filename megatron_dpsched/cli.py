@@ -262,11 +262,8 @@ def _pad_multiple(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace, *, step_time_model: StepTimeModel | None = None) -> ScheduleConfig:
-    if args.global_batch_size % args.dp_size:
-        raise ValueError(f"--global-batch-size {args.global_batch_size} must be a multiple of --dp-size "
-                         f"{args.dp_size}: Megatron refuses any other global batch")
     try:
-        return ScheduleConfig(
+        config = ScheduleConfig(
             dp_size=args.dp_size, global_batch_size=args.global_batch_size,
             max_tokens_per_gpu=args.max_tokens_per_gpu, micro_batch_size=args.micro_batch_size,
             cp_size=args.cp_size, pp_size=args.pp_size, vpp_size=args.vpp_size,
@@ -276,6 +273,10 @@ def _config(args: argparse.Namespace, *, step_time_model: StepTimeModel | None =
         )
     except ValueError as error:
         raise ValueError(_as_flags(str(error))) from None
+    if args.global_batch_size > args.dp_size and args.global_batch_size % args.dp_size:  # smaller: the planner says
+        raise ValueError(f"--global-batch-size {args.global_batch_size} must be a multiple of --dp-size "
+                         f"{args.dp_size}: Megatron refuses any other global batch")
+    return config
 
 
 def _what_if(args: argparse.Namespace) -> tuple[WhatIf, str, str]:

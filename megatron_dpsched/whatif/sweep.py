@@ -118,7 +118,7 @@ def parse_caps(text: str) -> tuple[int, ...]:
         except ValueError:
             raise ValueError(f"expected an integer or a comma-separated list of integers, got {text!r}") from None
         if cap < 1:
-            raise ValueError(f"every cap must be >= 1, got {word!r} in {text!r}")
+            raise ValueError(f"must be >= 1, got {word!r}")
         caps.add(cap)
     return tuple(sorted(caps))
 
