@@ -78,21 +78,22 @@ def header_lines(report: WhatIf, *, source: str, model_source: str, caps: Sequen
         f"input: {source}, {samples} samples; global batch {config.global_batch_size}, "
         f"{len(report.steps)} steps; balance {config.balance}",
         f"layout: {layout_title(report, caps=caps)}; packed micro-batches as {simulation.collate_format} "
-        f"(Megatron fixed: padded rows{_fixed_size(report, caps=caps)})",
+        "(Megatron fixed: padded rows)",
+        *_fixed_size(report, caps=caps),
         f"model: {describe_model(simulation.cost_model)} ({model_source}); "
         f"{simulation.flops_per_gpu / 1e12:g} TFLOP/s per GPU, "
         f"{simulation.seconds_per_microbatch * 1e3:g} ms per micro-batch",
     ]
 
 
-def _fixed_size(report: WhatIf, *, caps: Sequence[int]) -> str:
+def _fixed_size(report: WhatIf, *, caps: Sequence[int]) -> list[str]:
+    """The header line naming Megatron fixed's micro-batch size (none without a cap: no baselines)."""
+    rule = ("the largest Megatron accepts (global batch a multiple of size x DP) whose micro-batch of the "
+            "longest sample fits the cap")
     if caps:
-        return " of the largest micro-batch size Megatron accepts at each cap, column mbs"
+        return [f"Megatron fixed: micro-batch size (column mbs) {rule}"]
     size = report.fixed_micro_batch_size
-    if size is None:
-        return ""
-    return (f" of {size} samples, the largest micro-batch size Megatron accepts, global batch % (size x DP) = 0, "
-            "whose micro-batch of the longest sample fits the cap")
+    return [] if size is None else [f"Megatron fixed: micro-batch size {size}, {rule}"]
 
 
 def _strategy_json(row: StrategyStep | StrategyTotal) -> dict[str, Any]:

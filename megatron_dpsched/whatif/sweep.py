@@ -18,6 +18,7 @@ import argparse
 import json
 import statistics
 import sys
+import textwrap
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -129,7 +130,7 @@ def sweep_lines(results: Sequence[CapResult], *, header: list[str]) -> Iterator[
     slowest = max(max(r.ours.seconds, r.fixed.seconds) for r in results)
     unit, scale = ("s", 1.0) if slowest >= 1.0 else ("ms", 1e3)
     yield from header
-    yield "columns: " + COLUMNS
+    yield from textwrap.wrap("columns: " + COLUMNS, width=110, subsequent_indent="  ")
     ours = f"{'time ' + unit:>10s} {'step ' + unit:>9s} {'mb':>5s} {'fill%':>5s} {'largest':>8s} {'over':>5s}"
     fixed = f"{'mbs':>4s} {'time ' + unit:>10s} {'step ' + unit:>9s} {'mb':>5s} {'fill%':>5s} {'largest':>8s}"
     yield f"{'':8s} | {'dp-schedule':^{len(ours)}s} | {'Megatron fixed':^{len(fixed)}s} |"

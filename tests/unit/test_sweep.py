@@ -173,7 +173,7 @@ def test_megatron_fixed_plan_cuts_micro_batches_of_that_size(tmp_path, capsys) -
     assert main(["plan", str(path), "--dp-size", "8", "--global-batch-size", "256", "--max-tokens-per-gpu",
                  "16384"]) == 0
     out = capsys.readouterr().out
-    assert "(Megatron fixed: padded rows of 4 samples, the largest micro-batch size Megatron accepts" in out
+    assert "Megatron fixed: micro-batch size 4, the largest Megatron accepts (global batch a multiple" in out
     assert main(["plan", str(path), "--dp-size", "8", "--global-batch-size", "256", "--max-tokens-per-gpu",
                  "16384", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["megatron_fixed_micro_batch_size"] == 4
