@@ -6,10 +6,17 @@ command), then passes the entry point's arguments through Megatron's ``parse_arg
 ``validate_args`` and the entry point's ``adjust_args`` (which runs the ``--dp-schedule``
 validation) with the recipe's world size. ``torch.cuda`` device queries answer as an
 H100 here, since ``validate_args`` asks for the device capability. Exit status 1 on any failure.
+
+One line per recipe (``OK`` or ``FAIL``); ``-v`` / ``--verbose`` also prints what Megatron printed
+while parsing and validating (its argument table, some 800 lines per recipe).
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import io
+import logging
 import os
 import shlex
 import subprocess
@@ -50,8 +57,24 @@ def check(argv: list[str], world_size: int) -> str:
             f"DP{args.data_parallel_size}")
 
 
-def main() -> int:
+def quietly(verbose: bool) -> contextlib.AbstractContextManager:
+    """Megatron's own printing (stdout and stderr) while a recipe is checked: shown only when verbose."""
+    if verbose:
+        return contextlib.nullcontext()
+    sink = io.StringIO()
+    stack = contextlib.ExitStack()
+    stack.enter_context(contextlib.redirect_stdout(sink))
+    stack.enter_context(contextlib.redirect_stderr(sink))
+    return stack
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="also print what Megatron prints")
+    verbose = parser.parse_args(argv).verbose
     warnings.filterwarnings("ignore")
+    if not verbose:  # "No CUDA runtime is found", logged once when megatron imports torch's extension builder
+        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     import torch
 
     torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
@@ -64,10 +87,13 @@ def main() -> int:
         data.flush()
         for script, layout, world, env in RECIPES:
             try:
-                print(f"OK   {script} {layout}: {check(recipe_argv(script, layout, env, data.name), world)}")
+                with quietly(verbose):
+                    summary = check(recipe_argv(script, layout, env, data.name), world)
+                print(f"OK   {script} {layout}: {summary}", flush=True)
             except BaseException as error:  # noqa: BLE001 - reported
                 failed += 1
-                print(f"FAIL {script} {layout}: {type(error).__name__}: {error}")
+                print(f"FAIL {script} {layout}: {type(error).__name__}: {error}"
+                      + ("" if verbose else " (-v prints Megatron's output)"), flush=True)
     return 1 if failed else 0
 
 

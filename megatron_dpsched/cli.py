@@ -48,6 +48,7 @@ from megatron_dpsched.whatif.inputs import load_sample_lengths, read_lengths
 from megatron_dpsched.whatif.model import simulation_from_flags
 from megatron_dpsched.whatif.progress import Progress
 from megatron_dpsched.whatif.report import header_lines, report_json, table_lines
+from megatron_dpsched.whatif.sweep import parse_caps, run_sweep
 
 __all__ = ["build_parser", "load_plan", "main", "read_lengths"]
 
@@ -75,7 +76,12 @@ def load_plan(path: str) -> DPSchedule:
 
 
 class _Parser(argparse.ArgumentParser):
-    """Errors as one line, ``megatron-dpsched: error: ...``, exit status 2."""
+    """Errors as one line, ``megatron-dpsched: error: ...``, exit status 2; no abbreviated flags (a renamed
+    flag's old name, e.g. ``--microbatch-overhead`` in seconds, must not pass as a prefix of another)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{PROG}: error: {message} (see '{self.prog} --help')\n")
@@ -102,12 +108,26 @@ POSITIVE = _number(int, minimum=1, strict=False)
 GREATER_THAN_ZERO = _number(float, minimum=0.0, strict=True)
 
 
+def _caps(text: str) -> tuple[int, ...]:
+    """``--max-tokens-per-gpu``: one cap, or several separated by commas (a sweep); each in the table's range."""
+    row = BY_STEM["max-tokens-per-gpu"]
+    if "," not in text:
+        return (row.parse(text),)
+    try:
+        return tuple(row.parse(str(cap)) for cap in parse_caps(text))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def _add_layout(plan: argparse.ArgumentParser) -> None:
     group = plan.add_argument_group("layout")
     group.add_argument("--dp-size", type=POSITIVE, required=True, help="data-parallel ranks")
     group.add_argument("--global-batch-size", type=POSITIVE, required=True, help="samples per optimizer step")
     batching = group.add_mutually_exclusive_group(required=True)
-    add_options(batching, prefix=PLAN_PREFIX, options=[BY_STEM["max-tokens-per-gpu"]], unset_defaults=False)
+    (caps,) = add_options(batching, prefix=PLAN_PREFIX, options=[BY_STEM["max-tokens-per-gpu"]],
+                          unset_defaults=False)
+    caps.type, caps.metavar = _caps, "CAP[,CAP...]"  # the table's row; several caps compare them (a sweep)
+    caps.help += " Several caps (4096,8192,16384) compare the caps and recommend one."
     batching.add_argument("--micro-batch-size", type=POSITIVE,
                           help="static batching: samples per micro-batch (no baselines to compare with)")
     group.add_argument("--pp-size", type=POSITIVE, default=1, help="pipeline-parallel stages (default 1)")
@@ -260,7 +280,7 @@ def _pad_multiple(args: argparse.Namespace) -> int:
 
 def _config(args: argparse.Namespace, *, step_time_model: StepTimeModel | None = None) -> ScheduleConfig:
     try:
-        return ScheduleConfig(
+        config = ScheduleConfig(
             dp_size=args.dp_size, global_batch_size=args.global_batch_size,
             max_tokens_per_gpu=args.max_tokens_per_gpu, micro_batch_size=args.micro_batch_size,
             cp_size=args.cp_size, pp_size=args.pp_size, vpp_size=args.vpp_size,
@@ -270,6 +290,10 @@ def _config(args: argparse.Namespace, *, step_time_model: StepTimeModel | None =
         )
     except ArgumentError as error:
         raise _flag_error(error) from None
+    if args.global_batch_size > args.dp_size and args.global_batch_size % args.dp_size:  # smaller: the planner says
+        raise ValueError(f"--global-batch-size {args.global_batch_size} must be a multiple of --dp-size "
+                         f"{args.dp_size}: Megatron refuses any other global batch")
+    return config
 
 
 def _what_if(args: argparse.Namespace) -> tuple[WhatIf, str, str]:
@@ -300,6 +324,10 @@ def _warn(warnings: Sequence[PlanWarning]) -> None:
 
 
 def _run_plan(args: argparse.Namespace) -> int:
+    caps = args.max_tokens_per_gpu or (None,)
+    if len(caps) > 1:
+        return run_sweep(args, caps=caps, what_if=_what_if, warn=_warn)
+    args.max_tokens_per_gpu = caps[0]
     report, source, model_source = _what_if(args)
     step = report.slowest_step if args.plot_step is None else args.plot_step
     if step >= len(report.steps):

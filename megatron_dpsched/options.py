@@ -222,15 +222,19 @@ def default_text(option: Option) -> str:
     return f"{option.default:g}" if isinstance(option.default, float) else str(option.default)
 
 
-def add_options(group: Any, *, prefix: str, options: Iterable[Option] = OPTIONS, unset_defaults: bool) -> None:
-    """Add ``options`` to an ``argparse`` group as ``<prefix><stem>``; ``unset_defaults``: every default is
-    ``None`` (training tells a given option from an unset one), else the table's default."""
-    for option in options:
+def add_options(group: Any, *, prefix: str, options: Iterable[Option] = OPTIONS,
+                unset_defaults: bool) -> list[argparse.Action]:
+    """Add ``options`` to an ``argparse`` group as ``<prefix><stem>`` and return their actions;
+    ``unset_defaults``: every default is ``None`` (training tells a given option from an unset one), else the
+    table's default."""
+    return [
         group.add_argument(option.flag_in(prefix), dest=option.attribute if prefix == TRAINING_PREFIX
                            else option.name, default=None if unset_defaults else option.default,
                            type=option.kind if prefix == TRAINING_PREFIX else _checked(option),
                            choices=option.choices, metavar=option.metavar,
                            help=f"{option.help_in(prefix)} Default: {default_text(option)}.")
+        for option in options
+    ]
 
 
 def _checked(option: Option) -> Callable[[str], Any]:

@@ -39,6 +39,13 @@ else
     "$PY" -m pip install -q torch==2.13.0 megatron-core==0.19.2
     "$PY" -m pip install -q -e ".[test,demo]"
   fi
+  # megatron-core appends "+<git hash>" to its __version__ when its folder lies in a git checkout (its
+  # package_info.py runs "git rev-parse HEAD" there): in this venv it would report our commit. NO_VCS_VERSION=1
+  # is megatron-core's own switch for that; a .pth file sets it whenever this venv's Python starts.
+  PTH="$VENV/lib/python3.12/site-packages/megatron_core_no_vcs_version.pth"
+  if [ ! -f "$PTH" ]; then
+    echo 'import os; os.environ.setdefault("NO_VCS_VERSION", "1")' > "$PTH"
+  fi
   export VENV
 fi
 export PY

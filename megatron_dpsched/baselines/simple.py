@@ -15,13 +15,24 @@ def rank_slices(step: Sequence[int], dp: int) -> list[list[int]]:
     return [list(step[r * count // dp : (r + 1) * count // dp]) for r in range(dp)]
 
 
+def fixed_micro_batch_size(sizes: Sequence[int], *, config: ScheduleConfig) -> int:
+    """The micro-batch size a Megatron user would pick: the largest that Megatron accepts
+    (``global_batch_size % (micro_batch_size x dp_size) == 0``) and that keeps a micro-batch of
+    the longest sample, padded, under the cap; 1 when none does (a sample longer than half the
+    cap, or a global batch that is not a multiple of DP, which Megatron refuses at any size)."""
+    limit = max(1, config.token_cap // max(sizes))
+    per_rank = config.global_batch_size // config.dp_size
+    if config.global_batch_size % config.dp_size:
+        return 1
+    return max(size for size in range(1, min(limit, per_rank) + 1) if per_rank % size == 0)
+
+
 def megatron_fixed(
     step: list[int], *, sizes: Sequence[int], costs: Sequence[float], config: ScheduleConfig
 ) -> list[RankPlan]:
     """Megatron's fixed micro-batch size: each rank cuts its contiguous slice into micro-batches
-    of ``micro_batch_size`` samples, the most that keeps a micro-batch of the longest sample
-    padded under the cap."""
-    micro_batch_size = max(1, config.token_cap // max(sizes))
+    of :func:`fixed_micro_batch_size` samples."""
+    micro_batch_size = fixed_micro_batch_size(sizes, config=config)
     slices = rank_slices(step, config.dp_size)
     count = config.layout.align(max(math.ceil(len(s) / micro_batch_size) for s in slices))
     plans = []

@@ -4,6 +4,7 @@
 * :mod:`.analysis`: per-step figures and simulated step times of every strategy, warnings.
 * :mod:`.report`: the side-by-side table and the JSON document.
 * :mod:`.plots`: PNGs of a step's per-rank load, the micro-batch sizes and the pipeline timeline.
+* :mod:`.sweep`: several token caps side by side (``--max-tokens-per-gpu A,B,...``) and the recommended one.
 
 Pure Python except :mod:`.plots` (matplotlib, imported when called) and indexed datasets (megatron-core).
 """

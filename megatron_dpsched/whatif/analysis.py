@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from megatron_dpsched.baselines import build_baseline_schedule
+from megatron_dpsched.baselines.simple import fixed_micro_batch_size
 from megatron_dpsched.core import (
     CostModel,
     DPSchedule,
@@ -181,6 +182,13 @@ class WhatIf:
         return self.total(baseline).seconds / self.total(OURS).seconds
 
     @property
+    def fixed_micro_batch_size(self) -> int | None:
+        """The micro-batch size of Megatron fixed (None without a token cap: no baselines)."""
+        if "megatron_fixed" not in self.schedules:
+            return None
+        return fixed_micro_batch_size(self.schedules[OURS].lengths, config=self.config)
+
+    @property
     def slowest_step(self) -> int:
         """The step with the longest ``dpsched`` time (the first of equals)."""
         times = [step.strategies[OURS].seconds for step in self.steps]
@@ -293,6 +301,27 @@ def rank_timeline(
     times = [timer.model.forward_time(timer.computed([lengths[i] for i in mb], padded=padded))
              for mb in micro_batches]
     return simulate_rank(times, layout=schedule.config.layout, model=timer.model)
+
+
+def rank_seconds(schedule: DPSchedule, step: int, *, simulation: Simulation, padded: bool) -> tuple[float, ...]:
+    """The simulated forward-backward time of every DP rank in one step (the step waits for the largest)."""
+    timer = _Timer(simulation, schedule.config)
+    lengths = schedule.lengths
+    times = [[timer.model.forward_time(timer.computed([lengths[i] for i in mb], padded=padded))
+              for mb in schedule.rank_step_micro_batches(rank, step)] for rank in range(schedule.dp_size)]
+    return simulate_step(times, layout=schedule.config.layout, model=timer.model).rank_seconds
+
+
+def largest_collated(schedule: DPSchedule, *, simulation: Simulation, padded: bool) -> int:
+    """The most tokens one collated micro-batch holds over the plan, padding counted as collate adds it
+    (each sample rounded to the layout's multiple; with padded rows, rows x the longest row)."""
+    timer = _Timer(simulation, schedule.config)
+    lengths, largest = schedule.lengths, 0
+    for rank in range(schedule.dp_size):
+        partition = schedule.partitions[rank]
+        for mb in schedule.micro_batch_indices[rank]:
+            largest = max(largest, sum(timer.computed([lengths[partition[p]] for p in mb], padded=padded)))
+    return largest
 
 
 def is_padded(name: str, simulation: Simulation) -> bool:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -26,10 +26,12 @@ COLUMNS_HELP = (
 )
 
 
-def layout_title(report: WhatIf) -> str:
-    """``DP 8, PP 2, VPP 1, CP 1, TP 1, cap 16384 tokens``: the layout in a line (plot titles, table header)."""
+def layout_title(report: WhatIf, *, caps: Sequence[int] = ()) -> str:
+    """``DP 8, PP 2, VPP 1, CP 1, TP 1, cap 16384 tokens``: the layout in a line (plot titles, table header);
+    ``caps`` (a sweep) replace the report's own cap."""
     config = report.config
-    batching = (f"cap {config.max_tokens_per_gpu} tokens/GPU" if config.max_tokens_per_gpu is not None
+    batching = (f"caps {', '.join(map(str, caps))} tokens/GPU" if caps
+                else f"cap {config.max_tokens_per_gpu} tokens/GPU" if config.max_tokens_per_gpu is not None
                 else f"micro-batch size {config.micro_batch_size}")
     return (f"DP {config.dp_size}, PP {config.pp_size}, VPP {config.vpp_size}, CP {config.cp_size}, "
             f"TP {report.simulation.tp_size}, {batching}")
@@ -76,15 +78,16 @@ def table_lines(report: WhatIf, *, header: list[str]) -> Iterator[str]:
            "mean over steps")
 
 
-def header_lines(report: WhatIf, *, source: str, model_source: str) -> list[str]:
-    """What was planned: input, layout, model, throughput."""
+def header_lines(report: WhatIf, *, source: str, model_source: str, caps: Sequence[int] = ()) -> list[str]:
+    """What was planned: input, layout, model, throughput (``caps``: a sweep's)."""
     config, simulation = report.config, report.simulation
     samples = len(report.schedules[OURS].lengths)
     return [
         f"input: {source}, {samples} samples; global batch {config.global_batch_size}, "
         f"{len(report.steps)} steps; balance {config.balance}",
-        f"layout: {layout_title(report)}; packed micro-batches as {simulation.collate_format} "
+        f"layout: {layout_title(report, caps=caps)}; packed micro-batches as {simulation.collate_format} "
         "(Megatron fixed: padded rows)",
+        *_fixed_size(report, caps=caps),
         _model_line(simulation, model_source),
     ]
 
@@ -100,6 +103,16 @@ def _model_line(simulation: Simulation, model_source: str) -> str:
             f"token + {measured.seconds_per_token_pair:.4g} s per sum(length^2) + "
             f"{measured.seconds_per_microbatch * 1e3:.4g} ms per micro-batch, backward x "
             f"{measured.backward_factor:g}")
+
+
+def _fixed_size(report: WhatIf, *, caps: Sequence[int]) -> list[str]:
+    """The header line naming Megatron fixed's micro-batch size (none without a cap: no baselines)."""
+    rule = ("the largest Megatron accepts (global batch a multiple of size x DP) whose micro-batch of the "
+            "longest sample fits the cap")
+    if caps:
+        return [f"Megatron fixed: micro-batch size (column mbs) {rule}"]
+    size = report.fixed_micro_batch_size
+    return [] if size is None else [f"Megatron fixed: micro-batch size {size}, {rule}"]
 
 
 def _strategy_json(row: StrategyStep | StrategyTotal) -> dict[str, Any]:
@@ -124,6 +137,7 @@ def report_json(report: WhatIf, *, source: str, model_source: str, plots: list[s
         "samples": len(report.schedules[OURS].lengths),
         "config": asdict(report.config),
         "tp_size": report.simulation.tp_size,
+        "megatron_fixed_micro_batch_size": report.fixed_micro_batch_size,
         "simulation": {**asdict(report.simulation), "cost_model_source": model_source},
         "strategies": list(report.strategies),
         "columns": COLUMNS_HELP,

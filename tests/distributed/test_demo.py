@@ -84,6 +84,7 @@ def test_example_recipes_pass_megatron_validation() -> None:
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert proc.stdout.count("OK ") == 7
+    assert len(proc.stdout.splitlines()) == 7, proc.stdout[-3000:]  # one line per recipe, Megatron's tables muted
 
 
 def test_runtime_check_benchmark_prints_its_figures() -> None:

@@ -141,3 +141,16 @@ def test_step_time_figures_that_overflow_name_the_flag(value, capsys) -> None:
     assert raised.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("megatron-dpsched: error:") and "--flops-per-gpu" in err[0], err
+
+
+def test_abbreviated_or_renamed_flags_are_refused(tmp_path, capsys) -> None:
+    """``--microbatch-overhead`` (seconds, before the option table) must not pass as a prefix of
+    ``--microbatch-overhead-ms``: argparse's abbreviations are off."""
+    from megatron_dpsched.cli import main
+
+    path = tmp_path / "lengths.txt"
+    path.write_text("10 20 30 40")
+    argv = ["plan", str(path), "--dp-size", "2", "--global-batch-size", "4", "--max-tokens-per-gpu", "64"]
+    for flag in ("--microbatch-overhead", "--max-tokens", "--collate"):
+        assert main([*argv, flag, "1"]) == 2
+        assert f"unrecognized arguments: {flag}" in capsys.readouterr().err

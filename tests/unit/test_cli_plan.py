@@ -88,8 +88,9 @@ def test_json_schema(tmp_path, capsys) -> None:
     path = _write(tmp_path, "\n".join(map(str, LENGTHS)))
     assert main(["plan", path, *LAYOUT, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert set(report) == {"input", "samples", "config", "tp_size", "simulation", "strategies", "columns",
-                           "steps", "total", "warnings", "plots"}
+    assert set(report) == {"input", "samples", "config", "tp_size", "megatron_fixed_micro_batch_size",
+                           "simulation", "strategies", "columns", "steps", "total", "warnings", "plots"}
+    assert report["megatron_fixed_micro_batch_size"] == 1  # 100 // 90
     assert report["strategies"] == ["dpsched", "megatron_fixed", "per_rank_first_fit"]
     assert report["samples"] == 9 and report["config"]["dp_size"] == 2
     assert len(report["steps"]) == 3

@@ -66,3 +66,55 @@ def test_plot_dir_writes_three_pngs(tmp_path, capsys) -> None:
     for name in ("rank_load.png", "microbatch_sizes.png", "timeline.png"):
         pixels = image.imread(out / name)
         assert pixels.shape[0] > 300 and pixels.shape[1] > 600, (name, pixels.shape)
+
+
+def _report(lengths: list[int], **layout: int) -> WhatIf:
+    config = ScheduleConfig(**layout)
+    schedules = plan_strategies(lengths, config=config, cost_model=DEFAULT_MODEL)
+    simulation = Simulation(cost_model=DEFAULT_MODEL)
+    return WhatIf(config=config, simulation=simulation, schedules=schedules,
+                  steps=compare(schedules, simulation=simulation), warnings=plan_warnings(schedules["dpsched"]))
+
+
+def test_many_ranks_are_drawn_sorted_by_load_not_one_bar_each() -> None:
+    lengths = [(i * 37) % 500 + 1 for i in range(256)]
+    wide = _report(lengths, dp_size=64, global_batch_size=256, max_tokens_per_gpu=600)
+    for figure in (plot_rank_load(wide, 0), plot_timeline(wide, 0)):  # PP 1: the timeline shows rank times
+        for axis in figure.get_axes():
+            assert not axis.patches, "one bar per rank at DP 64"
+            assert axis.get_xlabel() == "64 DP ranks, sorted by load (quantiles)"
+            assert _labels(axis)[-1] == "busiest rank"
+    narrow = plot_rank_load(_report(lengths, dp_size=8, global_batch_size=256, max_tokens_per_gpu=600), 0)
+    assert all(len(axis.patches) == 2 * 8 for axis in narrow.get_axes())  # tokens and padding per rank
+
+
+def test_pp1_timeline_shows_each_ranks_time_and_its_wait() -> None:
+    report = _report(LENGTHS, dp_size=2, global_batch_size=16, max_tokens_per_gpu=600)
+    figure = plot_timeline(report, 0)
+    axes = figure.get_axes()
+    assert "waits for the slowest rank" in figure.get_suptitle() and axes[0].get_ylabel().startswith("time (")
+    assert _labels(axes[0]) == ["forward-backward", "waiting for the slowest rank"]
+    for axis, name in zip(axes, report.strategies):  # busy + waiting = the step time on every rank
+        heights = [bar.get_height() for bar in axis.patches]
+        seconds = report.steps[0].strategies[name].seconds * 1e3
+        assert [a + b for a, b in zip(heights[:2], heights[2:])] == pytest.approx([seconds, seconds])
+
+
+def test_a_crowded_timeline_numbers_no_ops() -> None:
+    lengths = [(i * 37) % 500 + 1 for i in range(128)]
+    crowded = plot_timeline(_report(lengths, dp_size=1, global_batch_size=128, max_tokens_per_gpu=600,
+                                    pp_size=2), 0)
+    assert not any(axis.texts for axis in crowded.get_axes())
+
+
+@pytest.mark.parametrize(("dp", "samples"), [(8, 512), (512, 2048)])
+def test_a_cap_sweep_writes_sweep_png(tmp_path, capsys, dp: int, samples: int) -> None:
+    (tmp_path / "lengths.txt").write_text(" ".join(str((i * 37) % 1500 + 1) for i in range(samples)))
+    out = tmp_path / "plots"
+    assert main(["plan", str(tmp_path / "lengths.txt"), "--dp-size", str(dp), "--global-batch-size",
+                 str(samples // 2), "--max-tokens-per-gpu", "2048,4096,8192", "--pp-size", "2",
+                 "--plot-dir", str(out)]) == 0
+    assert f"wrote {out / 'sweep.png'}" in capsys.readouterr().out
+    assert sorted(path.name for path in out.iterdir()) == ["sweep.png"]
+    pixels = image.imread(out / "sweep.png")
+    assert pixels.shape[0] > 600 and pixels.shape[1] > 1000, pixels.shape
