@@ -20,8 +20,9 @@ The trainer ranks (``--dp`` processes, gloo, CPU through the test-only device sh
 ``setup_model_and_optimizer``, read each shipped plan with ``DPSchedule.from_dict``, and train every step
 with Megatron's real ``train_step`` through ``ScheduledDataIterator`` (``setup_dp_schedule`` installs the
 hooks), which checks every shipped sample against the sample contract (ids in the model's vocabulary, a 0/1
-loss mask, the planned length) and every micro-batch against the cap before the model sees it. Each rank writes what it trained to ``<out>/records.rank<r>.json``: per step the sample keys of
-its micro-batches, the loss, the learning rate, Megatron's iteration and ``consumed_train_samples``.
+loss mask, the planned length) and every micro-batch against the cap before the model sees it. Each rank
+writes what it trained to ``<out>/records.rank<r>.json``: per step the sample keys of its micro-batches, the
+loss, the learning rate, Megatron's iteration and ``consumed_train_samples``.
 
 Resume: ``--save-state-after K`` saves after rollout ``K - 1`` the controller's state (next rollout,
 waiting groups) and every rank's model, LR scheduler, iteration and consumed samples
