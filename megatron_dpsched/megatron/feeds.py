@@ -172,14 +172,20 @@ class StepFeed(ABC):
         """Samples consumed before this feed's first step (0 unless resumed)."""
 
     @property
-    @abstractmethod
-    def plan_config(self) -> ScheduleConfig:
-        """The options the feed's plans are made with (the token cap and the padding they count)."""
+    def plan_config(self) -> ScheduleConfig | None:
+        """The options the feed's plans are made with (the token cap and the padding they count); ``None`` (a
+        feed of its own making): no cap to check micro-batches against."""
+        return None
+
+    @property
+    def token_cap(self) -> int | None:
+        """Tokens a micro-batch of more than one sample may hold (``max_tokens_per_gpu * cp_size``), or ``None``."""
+        return None if self.plan_config is None else self.plan_config.token_cap
 
     def _require_agreement(self, *, source: str) -> None:
         """The plan must count the padding collate adds (with ``cap_counts="padded"`` and a token cap)."""
         config = self.plan_config
-        if config.token_cap is None:
+        if config is None or config.token_cap is None:
             return  # static batching: no cap to bound
         try:
             require_padding_agreement(pad_multiple=config.pad_multiple, padded_rows=config.padded_rows,
@@ -290,7 +296,7 @@ class StepFeed(ABC):
             samples.append(sample)
         batch = collate_micro_batch(samples, ids, self.collate)
         size = micro_batch_size(batch["tokens"].shape, lengths=[self.planned_length(i) for i in ids], sample_ids=ids)
-        require_within_cap(size, cap=self.plan_config.token_cap, counts_padding=self.cap_counts == "padded",
+        require_within_cap(size, cap=self.token_cap, counts_padding=self.cap_counts == "padded",
                            place=Place(step=batches.step, rank=self.rank))
         return batch
 
