@@ -9,7 +9,8 @@ prompts, ``--samples-per-prompt`` responses each (a GRPO group) of random prompt
 and drops the groups whose made-up rewards are all equal (no advantage, as DAPO's dynamic sampling
 does). It plans the kept groups with ``compute_dynamic_global_batch_size`` (one optimizer step per rollout:
 a multiple of the DP size in groups, so every step trains a multiple of the DP size in samples) and
-``build_dp_schedule(groups=...)`` under a token cap; the groups of a trailing partial step
+``build_dp_schedule(groups=..., padded_rows=True)`` under a token cap (the trainers collate ``bshd``, so the
+cap counts rows x the longest row, what the micro-batch tensors hold); the groups of a trailing partial step
 (``schedule.dropped``) wait for the next rollout, and the last rollout trains them all. The plan and the
 rollout's token ids (loss on response tokens only) are written as JSON (``<out>/plans/rollout_<r>.json``)
 and the path is sent to the trainer ranks.
@@ -18,8 +19,10 @@ The trainer ranks (``--dp`` processes, gloo, CPU through the test-only device sh
 ``megatron_dpsched.testing.cpu_shim``) build a tiny Megatron GPT with Megatron's own
 ``setup_model_and_optimizer``, read each shipped plan with ``DPSchedule.from_dict``, and train every step
 with Megatron's real ``train_step`` through ``ScheduledDataIterator`` (``setup_dp_schedule`` installs the
-hooks). Each rank writes what it trained to ``<out>/records.rank<r>.json``: per step the sample keys of
-its micro-batches, the loss, the learning rate, Megatron's iteration and ``consumed_train_samples``.
+hooks), which checks every shipped sample against the sample contract (ids in the model's vocabulary, a 0/1
+loss mask, the planned length) and every micro-batch against the cap before the model sees it. Each rank
+writes what it trained to ``<out>/records.rank<r>.json``: per step the sample keys of its micro-batches, the
+loss, the learning rate, Megatron's iteration and ``consumed_train_samples``.
 
 Resume: ``--save-state-after K`` saves after rollout ``K - 1`` the controller's state (next rollout,
 waiting groups) and every rank's model, LR scheduler, iteration and consumed samples
@@ -104,7 +107,8 @@ def plan_rollout(samples: Sequence[dict[str, Any]], *, dp: int, cap: int, last: 
     num_groups = len(set(groups))
     gbs = num_groups if last else compute_dynamic_global_batch_size(num_groups, dp)
     schedule = build_dp_schedule([len(s["tokens"]) for s in samples], dp_size=dp, global_batch_size=gbs,
-                                 max_tokens_per_gpu=cap, groups=groups, drop_last=not last, balance="tokens")
+                                 max_tokens_per_gpu=cap, groups=groups, drop_last=not last, balance="tokens",
+                                 padded_rows=True)  # the trainers collate bshd: the cap counts rows x longest
     return schedule, list(schedule.dropped)
 
 
@@ -254,7 +258,7 @@ class _Trainer:
         samples = shipped["samples"]
         feed = ScheduledDataIterator(schedule, rank=parallel_state.get_data_parallel_rank(),
                                      samples=_SampleTensors(samples), num_chunks=len(self.model),
-                                     collate=CollateConfig(format="bshd"), verify="strict")
+                                     collate=CollateConfig(format="bshd"), verify="strict", vocab_size=VOCAB)
         losses = [self._train_step(feed, shipped["rollout"], samples) for _ in range(schedule.num_steps)]
         if save_dir is not None:
             self._save(Path(save_dir))

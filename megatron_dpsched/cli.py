@@ -126,7 +126,7 @@ def _add_layout(plan: argparse.ArgumentParser) -> None:
     batching = group.add_mutually_exclusive_group(required=True)
     (caps,) = add_options(batching, prefix=PLAN_PREFIX, options=[BY_STEM["max-tokens-per-gpu"]],
                           unset_defaults=False)
-    caps.type, caps.metavar = _caps, "CAP[,CAP...]"  # the table's row; several caps compare them (a sweep)
+    caps.type = _caps  # the table's row; several caps, comma-separated, compare them (a sweep)
     caps.help += " Several caps (4096,8192,16384) compare the caps and recommend one."
     batching.add_argument("--micro-batch-size", type=POSITIVE,
                           help="static batching: samples per micro-batch (no baselines to compare with)")

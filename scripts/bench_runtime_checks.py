@@ -8,8 +8,9 @@ Prints, best of ``--repeats`` on this machine:
 * ``DPSchedule.check()`` of one step of ``--samples`` samples on ``--dp-size`` ranks (what a
   shipped plan costs once, when its feed is built; ``--dp-schedule-verify check`` pays it per step);
 * ``DPSchedule.step_fingerprint`` of that step (every scheduled step, on every rank);
-* the per-sample length check at collate time (every sample, always on), next to what loading and
-  collating a sample costs (packed thd, rank 0's micro-batches of the step);
+* the per-sample check at collate time (the sample contract: dtypes, shapes, token ids and labels in the
+  padded vocabulary, the planned length; every sample, always on), next to what loading and collating a
+  sample costs (packed thd, rank 0's micro-batches of the step, the collated-size check included);
 * the cross-rank agreement (one two-integer all-reduce per step) on 2 and 4 gloo processes on
   this machine, median over 200 steps, next to an empty ``barrier`` for scale.
 """
@@ -36,6 +37,8 @@ warnings.filterwarnings("ignore")
 from megatron_dpsched import build_dp_schedule  # noqa: E402
 
 AGREEMENT_STEPS = 200
+VOCAB = 50304
+"""The padded vocabulary the sample check bounds token ids by (GPT-2's, padded to a multiple of 128)."""
 
 
 def best_of(repeats: int, run: Callable[[], object]) -> float:
@@ -59,9 +62,10 @@ def plan_figures(samples: int, dp_size: int, repeats: int) -> dict[str, float]:
     lengths = [rng.randint(1, 8000) for _ in range(samples)]
     plan = build_dp_schedule(lengths, dp_size=dp_size, global_batch_size=samples, max_tokens_per_gpu=16384,
                              balance="tokens")
-    tokens = {n: torch.zeros(n, dtype=torch.long) for n in set(lengths)}
+    generator = torch.Generator().manual_seed(0)
+    tokens = {n: torch.randint(0, VOCAB, (n,), generator=generator) for n in set(lengths)}
     data = [{"tokens": tokens[n], "labels": tokens[n]} for n in lengths]
-    feed = ScheduledDataIterator(plan, rank=0, samples=data, collate=CollateConfig(format="thd"))
+    feed = ScheduledDataIterator(plan, rank=0, samples=data, collate=CollateConfig(format="thd"), vocab_size=VOCAB)
     feed.begin_step()
 
     def check_lengths() -> None:
@@ -134,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"one step of {options.samples} samples on {options.dp_size} ranks (best of {options.repeats}):")
     print(f"  DPSchedule.check()                 {figures['check'] * 1e3:8.1f} ms")
     print(f"  DPSchedule.step_fingerprint        {figures['fingerprint'] * 1e3:8.1f} ms")
-    print(f"  length check, per sample           {figures['length_check_per_sample'] * 1e6:8.2f} us"
-          f"   (loading + collating, length check included: {figures['collate_per_sample'] * 1e6:.1f} us)")
+    print(f"  sample check, per sample           {figures['length_check_per_sample'] * 1e6:8.2f} us"
+          f"   (loading + collating, sample check included: {figures['collate_per_sample'] * 1e6:.1f} us)")
     print(f"cross-rank agreement per step (gloo, this machine, median of {AGREEMENT_STEPS} steps):")
     for world_size in options.world_sizes:
         agree, barrier = agreement_seconds(world_size)

@@ -47,13 +47,16 @@ class TokenJsonlDataset:
     A row with ``L`` token ids is a sample of ``L - 1`` positions (input ``tokens[:-1]``, labels the
     targets ``[1:]``, ``loss_mask`` 0 where the target is ignored); :attr:`lengths` holds those lengths,
     from the length index (built on first open and cached: see :mod:`.line_index`). Every row is
-    validated when the index is built, so a bad row fails at start-up with the file and line number.
+    validated when the index is built, so a bad row fails at start-up with the file and line number;
+    ``vocab_size`` (the padded vocabulary, optional) bounds the ids of each row when it is read, naming its
+    line (the feeds check every sample against it again, naming the sample).
     """
 
     INDEX_KIND = "token-rows-v1"
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, vocab_size: int | None = None) -> None:
         self.path = Path(path)
+        self.vocab_size = vocab_size
         if not self.path.is_file():
             raise ValueError(f"--data-path {self.path} does not exist")
         self.index = open_index(self.path, kind=self.INDEX_KIND, measure=self._measure)
@@ -73,9 +76,10 @@ class TokenJsonlDataset:
         offset = int(self.index.offsets[index])
         line = self._reader.read(offset)
         try:
-            row = parse_row(line, path=self.path, line_number=0)
+            row = parse_row(line, path=self.path, line_number=0, vocab_size=self.vocab_size)
         except ValueError:
-            row = parse_row(line, path=self.path, line_number=line_number_at(self.path, offset))
+            row = parse_row(line, path=self.path, line_number=line_number_at(self.path, offset),
+                            vocab_size=self.vocab_size)
         if row.num_positions != int(self.index.lengths[index]):
             raise ValueError(f"{self.path}:{line_number_at(self.path, offset)}: the row has {row.num_positions} "
                              f"positions, its length index says {int(self.index.lengths[index])}: the file changed "

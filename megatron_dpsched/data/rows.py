@@ -9,7 +9,11 @@ Three row shapes are read (one JSON object per line):
   ``labels[i]`` is the target at token ``i``, ``-100`` (:data:`IGNORE_INDEX`) where it is not trained.
 
 A row of ``L`` ids is a sample of ``L - 1`` positions: position ``j`` reads ``tokens[j]`` and predicts
-``targets[j + 1]``. Bad rows raise ``ValueError`` naming the file and the line.
+``targets[j + 1]``. Bad rows raise ``ValueError`` naming the file and the line: ids that are not integers
+(JSON ``true``/``false`` are not ids, nor are floats), negative ids (and, given ``vocab_size``, ids outside
+the padded vocabulary), a row with both ``tokens`` and ``input_ids``, or one nested deeper than
+:data:`MAX_JSON_DEPTH` (refused before ``json.loads`` recurses into it). The value checks are the sample
+contract's (:mod:`.contract`), which every feed applies again to what it hands the model.
 """
 
 from __future__ import annotations
@@ -20,8 +24,13 @@ from pathlib import Path
 
 import numpy as np
 
-IGNORE_INDEX = -100
-"""Label value of a token that is not trained on (Hugging Face's and Megatron's ``IGNORE_INDEX``)."""
+from megatron_dpsched.data.contract import IGNORE_INDEX, Place, check_ids, check_loss_mask, require_json_depth
+
+__all__ = ["IGNORE_INDEX", "MAX_JSON_DEPTH", "TokenRow", "parse_row", "row_length", "shifted"]
+
+MAX_JSON_DEPTH = 16
+"""Deepest nesting of a row read (a token row nests 2 deep)."""
+TOKEN_KEYS = ("tokens", "input_ids")
 
 
 @dataclass(frozen=True)
@@ -43,19 +52,20 @@ def _where(path: Path | str, line_number: int) -> str:
     return f"{path}:{line_number}"
 
 
-def _int_array(values: object, *, name: str, where: str) -> np.ndarray:
-    array = np.asarray(values) if isinstance(values, list) else None
-    if array is None or array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
+def _int_array(values: object, *, name: str, where: str, has_bools: bool) -> np.ndarray:
+    if not isinstance(values, list) or (has_bools and any(type(v) is bool for v in values)):
+        raise ValueError(f"{where}: '{name}' must be a list of integers (true/false are not ids)")
+    array = np.asarray(values)
+    if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
         raise ValueError(f"{where}: '{name}' must be a list of integers")
     return array.astype(np.int64, copy=False)
 
 
-def _token_ids(row: dict, key: str, where: str) -> np.ndarray:
-    tokens = _int_array(row[key], name=key, where=where)
+def _token_ids(row: dict, key: str, *, where: str, has_bools: bool, vocab_size: int | None) -> np.ndarray:
+    tokens = _int_array(row[key], name=key, where=where, has_bools=has_bools)
     if tokens.size < 2:
         raise ValueError(f"{where}: '{key}' needs at least 2 token ids; got {tokens.size}")
-    if int(tokens.min()) < 0:
-        raise ValueError(f"{where}: '{key}' holds a negative token id ({int(tokens.min())})")
+    check_ids(tokens, field=key, vocab_size=vocab_size, place=Place(source=where))
     return tokens
 
 
@@ -70,39 +80,48 @@ def _mask_targets(row: dict, tokens: np.ndarray, where: str) -> np.ndarray:
     if mask is None or mask.ndim != 1 or (mask.size and mask.dtype.kind not in "biu"):
         raise ValueError(f"{where}: 'loss_mask' must be a list of 0/1")
     _same_length(mask, tokens, name="loss_mask", key="tokens", where=where)
-    if mask.size and mask.dtype.kind != "b" and (int(mask.min()) < 0 or int(mask.max()) > 1):
-        raise ValueError(f"{where}: 'loss_mask' holds values other than 0 and 1")
+    check_loss_mask(mask, place=Place(source=where))
     return np.where(mask.astype(bool), tokens, IGNORE_INDEX)
 
 
-def _label_targets(row: dict, tokens: np.ndarray, key: str, where: str) -> np.ndarray:
-    labels = _int_array(row["labels"], name="labels", where=where)
+def _label_targets(row: dict, tokens: np.ndarray, key: str, *, where: str, has_bools: bool,
+                   vocab_size: int | None) -> np.ndarray:
+    labels = _int_array(row["labels"], name="labels", where=where, has_bools=has_bools)
     _same_length(labels, tokens, name="labels", key=key, where=where)
-    bad = (labels < 0) & (labels != IGNORE_INDEX)
-    if bad.any():
-        raise ValueError(f"{where}: 'labels' holds {int(labels[bad][0])}; a label is a token id or "
-                         f"{IGNORE_INDEX} (ignored)")
+    check_ids(labels, field="labels", vocab_size=vocab_size, place=Place(source=where), ignore_index=IGNORE_INDEX)
     return labels
 
 
-def parse_row(line: str | bytes, *, path: Path | str, line_number: int) -> TokenRow:
-    """The :class:`TokenRow` of one JSONL line (see the module docstring for the shapes)."""
-    where = _where(path, line_number)
+def _load(line: str | bytes, where: str) -> dict:
+    require_json_depth(line, limit=MAX_JSON_DEPTH, where=where)
     try:
         row = json.loads(line)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"{where}: not a JSON object (truncated or corrupt line?): {error}") from None
-    if not isinstance(row, dict) or not ("tokens" in row or "input_ids" in row):
+    present = [key for key in TOKEN_KEYS if isinstance(row, dict) and key in row]
+    if not present:
         raise ValueError(f"{where}: a row needs \"tokens\" (optionally with \"loss_mask\") or \"input_ids\" "
                          f"(optionally with \"labels\")")
-    key = "tokens" if "tokens" in row else "input_ids"
-    tokens = _token_ids(row, key, where)
+    if len(present) > 1:
+        raise ValueError(f"{where}: the row has both 'tokens' and 'input_ids'; give one")
     if "loss_mask" in row and "labels" in row:
         raise ValueError(f"{where}: give 'loss_mask' or 'labels', not both")
+    return row
+
+
+def parse_row(line: str | bytes, *, path: Path | str, line_number: int, vocab_size: int | None = None) -> TokenRow:
+    """The :class:`TokenRow` of one JSONL line (see the module docstring for the shapes); ``vocab_size``: the
+    padded vocabulary the ids must fall in (``None``: only non-negative)."""
+    where = _where(path, line_number)
+    row = _load(line, where)
+    has_bools = b"true" in line or b"false" in line if isinstance(line, bytes) else "true" in line or "false" in line
+    key = "tokens" if "tokens" in row else "input_ids"
+    tokens = _token_ids(row, key, where=where, has_bools=has_bools, vocab_size=vocab_size)
     if "loss_mask" in row:
         return TokenRow(tokens, _mask_targets(row, tokens, where))
     if "labels" in row:
-        return TokenRow(tokens, _label_targets(row, tokens, key, where))
+        return TokenRow(tokens, _label_targets(row, tokens, key, where=where, has_bools=has_bools,
+                                               vocab_size=vocab_size))
     return TokenRow(tokens, None)
 
 

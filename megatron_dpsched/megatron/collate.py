@@ -41,8 +41,10 @@ import torch
 from megatron.core.packed_seq_params import PackedSeqParams
 
 from megatron_dpsched.core.padding import gemm_alignment_for, pad_multiple_for  # noqa: F401 - re-exported
+from megatron_dpsched.options import COLLATE_FORMATS
 
-FORMATS = ("thd", "bshd")
+FORMATS = COLLATE_FORMATS
+"""The collate layouts (the option table's ``--dp-schedule-collate-format`` choices)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,14 +69,22 @@ def require_padding_agreement(
     *, pad_multiple: int, padded_rows: bool, collate: CollateConfig, counts_padding: bool
 ) -> None:
     """Raise ``ValueError`` unless the plan counts the padding collate adds (``counts_padding``: the same
-    multiple, and padded rows exactly for ``bshd``) or, with ``--dp-schedule-cap-counts tokens``, none."""
+    multiple, and padded rows exactly for ``bshd``) or, with ``--dp-schedule-cap-counts tokens``, none; the
+    message gives the fix."""
     expected = (collate.pad_multiple, collate.format == "bshd") if counts_padding else (1, False)
-    if (pad_multiple, padded_rows) != expected:
-        raise ValueError(
-            f"--dp-schedule-cap-counts: the plan counts pad_multiple={pad_multiple}, padded_rows={padded_rows} but "
-            f"collate pads every sequence to a multiple of {collate.pad_multiple} in {collate.format} (expected "
-            f"pad_multiple={expected[0]}, padded_rows={expected[1]}); the token cap would not bound what is collated"
-        )
+    if (pad_multiple, padded_rows) == expected:
+        return
+    fix = (f"plan with pad_multiple={expected[0]}, padded_rows={expected[1]} (build_dp_schedule(..., "
+           f"pad_multiple={expected[0]}, padded_rows={expected[1]}); --dp-schedule-cap-counts "
+           f"{'padded' if counts_padding else 'tokens'} does this from Megatron's arguments)")
+    if counts_padding and collate.format == "bshd" and not padded_rows and pad_multiple == collate.pad_multiple:
+        fix += f", or collate as thd (CollateConfig(format='thd', pad_multiple={pad_multiple}))"
+    raise ValueError(
+        f"the plan counts pad_multiple={pad_multiple}, padded_rows={padded_rows} but collate pads every sequence to "
+        f"a multiple of {collate.pad_multiple} in {collate.format}"
+        f"{', one row per sample as long as the longest' if collate.format == 'bshd' else ''}: the token cap would "
+        f"not bound what is collated; {fix}"
+    )
 
 
 def _round_up(value: int, multiple: int) -> int:

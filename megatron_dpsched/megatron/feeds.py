@@ -20,11 +20,21 @@ Two feeds:
   same plan (deterministic, no collective) and keeps its own part. Resuming with
   the checkpoint's ``consumed_train_samples`` continues exactly.
 
-Checked at run time, always: a shipped plan's invariants when its feed is built
-(``DPSchedule.check()``, O(samples)); every sample's real token count against the
-length it was planned with, when its micro-batch is collated (a ``ValueError``
-naming the sample, both lengths, the step and the rank); and (in
-:mod:`~megatron_dpsched.megatron.hooks`) the step's plan fingerprint across ranks.
+Checked at run time, always: when a feed is built, a shipped plan's invariants
+(``DPSchedule.check()``, O(samples)), that the plan counts the padding its collate adds
+(:func:`~megatron_dpsched.megatron.collate.require_padding_agreement`: a plan without
+``padded_rows`` collated as ``bshd`` is refused) and that a sized sample source holds every
+sample the plan reads; every sample against the sample contract
+(:mod:`megatron_dpsched.data.contract`: 1-D integer tokens in the padded vocabulary, labels
+in it or -100, a 0/1 loss mask, the planned length) when its micro-batch is collated, and the
+collated micro-batch against the token cap before it is handed out (a
+:class:`~megatron_dpsched.data.contract.SampleContractError`, a ``ValueError`` naming the
+sample, the field, the step and the rank); and (in :mod:`~megatron_dpsched.megatron.hooks`)
+the step's plan fingerprint across ranks.
+
+The vocabulary bound: ``vocab_size="megatron"`` (the default) reads Megatron's
+``args.padded_vocab_size`` when the feed is built (set by Megatron's initialization); an
+integer gives it; ``None`` skips the upper bound on token ids (only when asked for).
 """
 
 from __future__ import annotations
@@ -39,12 +49,20 @@ from typing import Any
 
 from megatron_dpsched.core import DPSchedule, ScheduleConfig, ScheduleInvariantError, plan_schedule
 from megatron_dpsched.core.validation import is_int, require_int, require_lengths
+from megatron_dpsched.data.contract import (
+    Place,
+    micro_batch_size,
+    require_samples,
+    require_within_cap,
+    validate_sample,
+)
 from megatron_dpsched.data.sampling import SampleOrder
-from megatron_dpsched.megatron.collate import CollateConfig, collate_micro_batch
+from megatron_dpsched.megatron.collate import CollateConfig, collate_micro_batch, require_padding_agreement
 from megatron_dpsched.megatron.prefetch import PreparedStep, StepPrefetcher
+from megatron_dpsched.options import VERIFY_LEVELS
 
 SampleSource = Callable[[int], Mapping[str, Any]] | Sequence[Mapping[str, Any]]
-VERIFY_LEVELS = ("off", "check", "strict")
+CAP_COUNTS = ("padded", "tokens")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,12 +121,19 @@ class StepFeed(ABC):
 
     def __init__(
         self, *, rank: int = 0, num_chunks: int = 1, collate: CollateConfig | None = None, verify: str = "off",
-        name: str = "train", prefetch: bool = False,
+        name: str = "train", prefetch: bool = False, vocab_size: int | str | None = "megatron",
+        cap_counts: str = "padded",
     ) -> None:
         if num_chunks < 1:
             raise ValueError(f"num_chunks must be >= 1; got {num_chunks}")
         if verify not in VERIFY_LEVELS:
             raise ValueError(f"--dp-schedule-verify must be one of {VERIFY_LEVELS}; got {verify!r}")
+        if cap_counts not in CAP_COUNTS:
+            raise ValueError(f"cap_counts (--dp-schedule-cap-counts) must be one of {CAP_COUNTS}; got {cap_counts!r}")
+        self.vocab_size = resolve_vocab_size(vocab_size)
+        """Token ids and labels must be below this (the padded vocabulary); ``None``: not bounded above."""
+        self.cap_counts = cap_counts
+        """What the plan's token cap bounds: ``padded`` (the collated micro-batch) or ``tokens`` (real ones)."""
         self.rank = rank
         self.name = name
         self.collate = collate or CollateConfig()
@@ -145,6 +170,28 @@ class StepFeed(ABC):
     @abstractmethod
     def start_position(self) -> int:
         """Samples consumed before this feed's first step (0 unless resumed)."""
+
+    @property
+    def plan_config(self) -> ScheduleConfig | None:
+        """The options the feed's plans are made with (the token cap and the padding they count); ``None`` (a
+        feed of its own making): no cap to check micro-batches against."""
+        return None
+
+    @property
+    def token_cap(self) -> int | None:
+        """Tokens a micro-batch of more than one sample may hold (``max_tokens_per_gpu * cp_size``), or ``None``."""
+        return None if self.plan_config is None else self.plan_config.token_cap
+
+    def _require_agreement(self, *, source: str) -> None:
+        """The plan must count the padding collate adds (with ``cap_counts="padded"`` and a token cap)."""
+        config = self.plan_config
+        if config is None or config.token_cap is None:
+            return  # static batching: no cap to bound
+        try:
+            require_padding_agreement(pad_multiple=config.pad_multiple, padded_rows=config.padded_rows,
+                                      collate=self.collate, counts_padding=self.cap_counts == "padded")
+        except ValueError as error:
+            raise ValueError(f"{source}: {error}") from None
 
     def begin_step(self) -> StepBatches:
         """Advance to the next step and rewind every chunk iterator to its first micro-batch."""
@@ -236,7 +283,7 @@ class StepFeed(ABC):
         return self._cache[index]
 
     def _collate(self, batches: StepBatches, ids: tuple[int, ...]) -> dict[str, Any]:
-        """Load, check and collate one micro-batch of ``batches``."""
+        """Load, check and collate one micro-batch of ``batches``; check its collated size against the cap."""
         samples = []
         for sample_id in ids:
             try:
@@ -247,26 +294,21 @@ class StepFeed(ABC):
                 raise
             self._check_length(sample_id, sample, step=batches.step)
             samples.append(sample)
-        return collate_micro_batch(samples, ids, self.collate)
+        batch = collate_micro_batch(samples, ids, self.collate)
+        size = micro_batch_size(batch["tokens"].shape, lengths=[self.planned_length(i) for i in ids], sample_ids=ids)
+        require_within_cap(size, cap=self.token_cap, counts_padding=self.cap_counts == "padded",
+                           place=Place(step=batches.step, rank=self.rank))
+        return batch
 
     def _check_length(self, sample_id: int, sample: Mapping[str, Any], *, step: int | None = None) -> None:
-        """Raise ``ValueError`` if the sample is not as long as the plan says (the cap would not hold);
-        ``step``: the step it belongs to (default: the current one)."""
+        """Raise :class:`~megatron_dpsched.data.contract.SampleContractError` unless the sample keeps the sample
+        contract with the length it was planned with (else the cap would not hold); ``step``: the step it
+        belongs to (default: the current one)."""
         if step is None:
             assert self.current is not None
             step = self.current.step
-        where = f"dp-schedule step {step}, data-parallel rank {self.rank}: sample {sample_id}"
-        actual = sample["tokens"].numel()
-        expected = self.planned_length(sample_id)
-        if actual != expected:
-            raise ValueError(
-                f"{where} has {actual} tokens, but the plan was made with length {expected} "
-                f"({self.length_source}); the token cap and the balance hold only for the lengths planned with"
-            )
-        for key in ("labels", "loss_mask"):
-            value = sample.get(key)
-            if value is not None and value.numel() != actual:
-                raise ValueError(f"{where} has {actual} tokens but {value.numel()} entries in '{key}'")
+        validate_sample(sample, length=self.planned_length(sample_id), vocab_size=self.vocab_size,
+                        place=Place(sample_id=sample_id, step=step, rank=self.rank), length_source=self.length_source)
 
     def megatron_iterators(self, *, rerun: bool = True) -> Any:
         """What to pass as Megatron's ``train_data_iterator``: one iterator, or a list with VPP.
@@ -288,11 +330,32 @@ def _sample_getter(samples: SampleSource) -> Callable[[int], Mapping[str, Any]]:
     return samples.__getitem__
 
 
+def resolve_vocab_size(vocab_size: int | str | None) -> int | None:
+    """The padded vocabulary bound of a feed: an integer as given, ``None`` (no upper bound), or ``"megatron"``:
+    Megatron's ``args.padded_vocab_size``."""
+    if vocab_size is None:
+        return None
+    if vocab_size == "megatron":
+        from megatron.training import global_vars
+
+        args = getattr(global_vars, "_GLOBAL_ARGS", None)  # get_args() asserts when unset
+        found = getattr(args, "padded_vocab_size", None)
+        if found is None:
+            raise ValueError("vocab_size='megatron' reads Megatron's args.padded_vocab_size, which is not set "
+                             "(Megatron is not initialized); give vocab_size=<the model's padded vocabulary size>, "
+                             "or vocab_size=None to leave token ids unbounded above")
+        vocab_size = found
+    return require_int("vocab_size", vocab_size, minimum=1)
+
+
 class ScheduledDataIterator(StepFeed):
     """Feed driven by a precomputed :class:`DPSchedule` and per-sample data.
 
     The plan is checked (``DPSchedule.check()``) when the feed is built, whatever
-    ``verify`` says: a broken shipped plan raises ``ValueError`` before any step.
+    ``verify`` says: a broken shipped plan raises ``ValueError`` before any step. So are its
+    padding against ``collate`` (a plan for ``bshd`` needs ``padded_rows=True`` and collate's
+    ``pad_multiple``; one for ``thd`` the multiple alone; ``cap_counts="tokens"`` accepts a plan
+    counting real tokens only) and, for a sized ``samples``, that it holds every sample id.
 
     Where it starts: ``start_step``, or the step that begins after ``consumed_samples``
     samples of the plan (the plan's ``step_num_samples`` tell which; a count inside a step is
@@ -330,6 +393,8 @@ class ScheduledDataIterator(StepFeed):
         elif consumed_samples is None and start_step is None:
             start_step = 0  # a shipped plan starts at its own step 0 unless told otherwise
         self.schedule = schedule
+        self._require_agreement(source="the shipped plan")
+        require_samples(samples, needed=len(schedule.lengths), name="samples")
         self._get = _sample_getter(samples)
         self._start_step = start_step
         self.next_step: int | None = start_step
@@ -359,6 +424,10 @@ class ScheduledDataIterator(StepFeed):
     @property
     def dp_size(self) -> int:
         return self.schedule.dp_size
+
+    @property
+    def plan_config(self) -> ScheduleConfig:
+        return self.schedule.config
 
     @property
     def start_position(self) -> int:
@@ -435,8 +504,10 @@ class ScheduledDatasetLoader(StepFeed):
         self.config = ScheduleConfig(**options)
         if not is_int(rank) or not 0 <= rank < self.config.dp_size:
             raise ValueError(f"rank {rank!r} is outside dp_size={self.config.dp_size}")
+        self._require_agreement(source="schedule_kwargs")
         self._get = _sample_getter(dataset)
         self.lengths = require_lengths(lengths, name=f"{type(dataset).__name__}.lengths")
+        require_samples(dataset, needed=len(self.lengths), name=type(dataset).__name__)
         self.order = SampleOrder(len(self.lengths)) if order is None else order
         if self.order.num_samples != len(self.lengths):
             raise ValueError(f"the sample order covers {self.order.num_samples} samples, the dataset "
@@ -450,6 +521,10 @@ class ScheduledDatasetLoader(StepFeed):
     @property
     def dp_size(self) -> int:
         return self.config.dp_size
+
+    @property
+    def plan_config(self) -> ScheduleConfig:
+        return self.config
 
     @property
     def start_position(self) -> int:

@@ -154,7 +154,20 @@ def build_feed(
         verify=options.verify,
         name=role,
         prefetch=options.prefetch == "on",
+        vocab_size=padded_vocab_size_from_args(args),
+        cap_counts=options.cap_counts,
     )
+
+
+def padded_vocab_size_from_args(args: Any) -> int:
+    """Megatron's ``args.padded_vocab_size`` (set when Megatron builds its tokenizer: the vocabulary padded by
+    ``_vocab_size_with_padding``), the bound every token id and label is checked against."""
+    found = getattr(args, "padded_vocab_size", None)
+    if found is None:
+        raise ValueError("--dp-schedule checks every token id against Megatron's args.padded_vocab_size, which is "
+                         "not set: initialize Megatron (it builds the tokenizer and pads the vocabulary) before "
+                         "building the feed")
+    return int(found)
 
 
 def sample_order_from_args(args: Any, *, num_samples: int, groups: Sequence[Any] | None = None) -> SampleOrder:

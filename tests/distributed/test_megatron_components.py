@@ -315,12 +315,15 @@ def test_empty_micro_batch_is_a_zero_weight_dummy(fmt: str) -> None:
 
 
 def _schedule():
-    return build_dp_schedule(harness.LENGTHS[:16], dp_size=2, global_batch_size=8, max_tokens_per_gpu=40)
+    """A plan for the feeds' default collate (bshd: padded rows counted against the cap)."""
+    return build_dp_schedule(harness.LENGTHS[:16], dp_size=2, global_batch_size=8, max_tokens_per_gpu=40,
+                             padded_rows=True)
 
 
 def test_precomputed_iterator_walks_steps_per_chunk_and_resets() -> None:
     schedule = _schedule()
-    feed = ScheduledDataIterator(schedule, rank=1, samples=harness.make_sample, num_chunks=2, verify="strict")
+    feed = ScheduledDataIterator(schedule, rank=1, samples=harness.make_sample, num_chunks=2, verify="strict",
+                                 vocab_size=harness.VOCAB)
     for step in range(schedule.num_steps):
         planned = feed.begin_step()
         assert planned.micro_batches == schedule.rank_step_micro_batches(1, step)
@@ -335,14 +338,14 @@ def test_precomputed_iterator_walks_steps_per_chunk_and_resets() -> None:
 
 
 def test_get_next_returns_only_the_requested_keys() -> None:
-    feed = ScheduledDataIterator(_schedule(), rank=0, samples=harness.make_sample)
+    feed = ScheduledDataIterator(_schedule(), rank=0, samples=harness.make_sample, vocab_size=harness.VOCAB)
     feed.begin_step()
     assert set(feed.chunks[0].get_next(["labels", "loss_mask"])) == {"labels", "loss_mask", "sample_ids"}
 
 
 def test_strict_verify_catches_a_chunk_that_skipped_micro_batches() -> None:
     feed = ScheduledDataIterator(_schedule(), rank=0, samples=harness.make_sample, num_chunks=2,
-                                 verify="strict")
+                                 verify="strict", vocab_size=harness.VOCAB)
     planned = feed.begin_step()
     for _ in planned.micro_batches:
         next(feed.chunks[0])
@@ -355,14 +358,14 @@ def test_strict_verify_catches_a_chunk_that_skipped_micro_batches() -> None:
 
 def test_loader_matches_the_whole_plan_and_resumes_mid_way() -> None:
     schedule = _schedule()
-    kwargs = dict(dp_size=2, global_batch_size=8, max_tokens_per_gpu=40)
+    kwargs = dict(dp_size=2, global_batch_size=8, max_tokens_per_gpu=40, padded_rows=True)
     loader = ScheduledDatasetLoader(harness.make_sample, lengths=harness.LENGTHS[:16], rank=0,
-                                    schedule_kwargs=kwargs)
+                                    schedule_kwargs=kwargs, vocab_size=harness.VOCAB)
     steps = [loader.begin_step() for _ in range(2)]
     assert [s.micro_batches for s in steps] == [schedule.rank_step_micro_batches(0, s) for s in range(2)]
     assert loader.consumed_samples == 16
     resumed = ScheduledDatasetLoader(harness.make_sample, lengths=harness.LENGTHS[:16], rank=0,
-                                     schedule_kwargs=kwargs, consumed_samples=8)
+                                     schedule_kwargs=kwargs, consumed_samples=8, vocab_size=harness.VOCAB)
     assert resumed.begin_step() == steps[1]
 
 
@@ -370,7 +373,7 @@ def test_a_rerun_replays_the_same_step_instead_of_advancing(monkeypatch: pytest.
     from megatron.core.rerun_state_machine import RerunDataIterator
 
     monkeypatch.setattr("megatron_dpsched.megatron.hooks._open_step", lambda feed, step, count_tokens: None)
-    feed = ScheduledDataIterator(_schedule(), rank=0, samples=harness.make_sample)
+    feed = ScheduledDataIterator(_schedule(), rank=0, samples=harness.make_sample, vocab_size=harness.VOCAB)
     wrapped = RerunDataIterator(feed.chunks[0])
     seen = []
 
@@ -458,15 +461,18 @@ def test_a_shipped_plan_is_checked_when_its_feed_is_built_whatever_verify_says()
     """step_num_samples [16, 8] for two steps of 12 would step the scheduler by the wrong samples."""
     import dataclasses
 
-    schedule = build_dp_schedule(harness.LENGTHS[:24], dp_size=2, global_batch_size=12, max_tokens_per_gpu=40)
+    schedule = build_dp_schedule(harness.LENGTHS[:24], dp_size=2, global_batch_size=12, max_tokens_per_gpu=40,
+                                 padded_rows=True)
     broken = dataclasses.replace(schedule, step_num_samples=(16, 8))
     with pytest.raises(ValueError, match="the shipped plan is broken: invariant 5: step 0 trains 12 samples"):
-        ScheduledDataIterator(broken, rank=1, samples=harness.make_sample, verify="off")
+        ScheduledDataIterator(broken, rank=1, samples=harness.make_sample, verify="off",
+                              vocab_size=harness.VOCAB)
     with pytest.raises(ValueError, match="rank 2 is outside"):
-        ScheduledDataIterator(schedule, rank=2, samples=harness.make_sample)
+        ScheduledDataIterator(schedule, rank=2, samples=harness.make_sample, vocab_size=harness.VOCAB)
 
 
 def test_a_loader_refuses_bad_dataset_lengths_before_planning() -> None:
-    kwargs = dict(dp_size=2, global_batch_size=8, max_tokens_per_gpu=40)
+    kwargs = dict(dp_size=2, global_batch_size=8, max_tokens_per_gpu=40, padded_rows=True)
     with pytest.raises(ValueError, match=r"function.lengths\[3\] must be a positive integer"):
-        ScheduledDatasetLoader(harness.make_sample, lengths=[4, 5, 3, 0, 6], rank=0, schedule_kwargs=kwargs)
+        ScheduledDatasetLoader(harness.make_sample, lengths=[4, 5, 3, 0, 6], rank=0, schedule_kwargs=kwargs,
+                               vocab_size=harness.VOCAB)
