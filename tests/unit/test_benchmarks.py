@@ -28,4 +28,4 @@ def test_benchmark_runs_from_a_clone_and_exits_0(tmp_path: Path, script: str, ar
         assert name in proc.stdout
     assert "alpaca_eval_outputs" not in proc.stdout
     assert "targets" in proc.stdout
-    assert {p: p.stat().st_mtime_ns for p in before} == before, "a report rewrote README/docs without --readme"
+    assert {p: p.stat().st_mtime_ns for p in before} == before, "a benchmark rewrote README/docs without --markdown"
