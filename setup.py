@@ -7,8 +7,13 @@ setup(
     version="0.1.0",
     description="Global data-parallel micro-batch scheduling for Megatron: token-capped packing, "
     "compute-balanced ranks, VPP-legal micro-batch counts, exact LR accounting.",
-    long_description=open("README.md", encoding="utf-8").read(),
-    long_description_content_type="text/markdown",
+    long_description=(
+        "megatron-dpsched plans every Megatron global batch at once: it packs samples under a token cap, "
+        "picks the micro-batch count Megatron's (interleaved) pipeline schedule accepts, balances data-parallel "
+        "ranks by a FLOPs model and advances the LR scheduler by the samples trained. Turn it on with "
+        "--dp-schedule; documentation in the repository's README.md and docs/."
+    ),
+    long_description_content_type="text/plain",
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["megatron_dpsched", "megatron_dpsched.*"]),

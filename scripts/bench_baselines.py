@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench_common import DEFAULT_LENGTHS_DIR, length_files, update_marked_block  # noqa: E402
+from bench_common import DEFAULT_LENGTHS_DIR, length_files  # noqa: E402
 
 from megatron_dpsched import CostModel, DPSchedule, ScheduleConfig, build_dp_schedule  # noqa: E402
 from megatron_dpsched.baselines import BASELINES, build_baseline_schedule, cap_violations  # noqa: E402
@@ -182,7 +182,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--reference", choices=PROJECTS, default=PROJECTS[0],
                         help="the project plan the ratios, the loss list and --check compare with")
     parser.add_argument("--markdown", type=Path, help="also write the table to this file")
-    parser.add_argument("--readme", type=Path, help="replace the summary between this file's bench_baselines markers")
     parser.add_argument("--check", action="store_true",
                         help=f"exit 1 if the reference plan is > {TOLERANCE * 100:.1f}%% slower than a baseline "
                              "on any step")
@@ -209,10 +208,6 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + text)
     if args.markdown:
         args.markdown.write_text("\n".join(lines) + "\n\n" + text + "\n", encoding="utf-8")
-    if args.readme:
-        footer = "\n".join(f"- {reference} slower than a baseline by > {TOLERANCE:.1%} on a step: "
-                           + ("; ".join(losses(rows, reference)) or "never") for reference in PROJECTS)
-        update_marked_block(args.readme, "bench_baselines", text + "\n\n" + footer)
     return 1 if args.check and missed else 0
 
 

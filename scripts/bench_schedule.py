@@ -17,7 +17,7 @@ time. It then reports the targets it misses; it exits 0 after reporting (``--che
 
     .venv/bin/python scripts/bench_schedule.py    # full table (a few minutes on one core)
     .venv/bin/python scripts/bench_schedule.py --quick      # dp 8 and 64 only
-    .venv/bin/python scripts/bench_schedule.py --markdown docs/bench_schedule.md --readme README.md
+    .venv/bin/python scripts/bench_schedule.py --markdown docs/bench_schedule.md   # also write the docs page
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench_common import DEFAULT_LENGTHS_DIR, length_files, update_marked_block
+from bench_common import DEFAULT_LENGTHS_DIR, length_files
 
 from megatron_dpsched import CostModel, DPSchedule, ScheduleConfig, build_dp_schedule
 from megatron_dpsched.baselines import BASELINES, build_baseline_schedule
@@ -198,7 +198,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--quick", action="store_true", help="dp 8 and 64 only")
     parser.add_argument("--markdown", type=Path, help="also write the full table here")
-    parser.add_argument("--readme", type=Path, help="replace the summary between the bench markers of this file")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed (default: exit 0)")
     return parser.parse_args(argv)
 
@@ -225,9 +224,6 @@ def main(argv: list[str] | None = None, *, log: Callable[[str], None] = print) -
     seconds = timing_check(load_pool(datasets[0], files))
     timing = f"planning 65,536 samples on 512 ranks (cap 16384), best of 3: {seconds:.3f} s (target < 0.5 s)"
     log("\n" + timing)
-    if args.readme:
-        text = summary(rows) + "\n\n" + timing[0].upper() + timing[1:] + "."
-        update_marked_block(args.readme, "bench_schedule", text)
     misses = check_targets(rows, args.samples_per_rank) + ([] if seconds < 0.5 else ["planning time >= 0.5 s"])
     log("targets: all met" if not misses else "targets missed:\n  " + "\n  ".join(misses))
     return 1 if misses and args.check else 0

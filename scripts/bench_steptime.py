@@ -17,7 +17,7 @@ with PP=4) and the planning time of 65,536 samples on 512 ranks (target < 0.5 s 
 wall time is printed too). Misses are
 printed; the exit status is 0 whenever it ran (``--check``: 1 on a miss)::
 
-    .venv/bin/python scripts/bench_steptime.py --markdown docs/bench_steptime.md --readme README.md
+    .venv/bin/python scripts/bench_steptime.py --markdown docs/bench_steptime.md   # also write the docs page
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench_common import DEFAULT_LENGTHS_DIR, length_files, update_marked_block
+from bench_common import DEFAULT_LENGTHS_DIR, length_files
 
 from megatron_dpsched import CostModel, DPSchedule, build_dp_schedule
 from megatron_dpsched.cli import read_lengths
@@ -185,7 +185,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tflops", type=float, default=400.0, help="sustained TFLOP/s per GPU")
     parser.add_argument("--overhead-ms", type=float, default=10.0, help="fixed forward ms per micro-batch")
     parser.add_argument("--markdown", type=Path, help="also write the full table here")
-    parser.add_argument("--readme", type=Path, help="replace the summary between this file's markers")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed (default: exit 0)")
     return parser.parse_args(argv)
 
@@ -207,8 +206,6 @@ def main(argv: list[str] | None = None, *, log: Callable[[str], None] = print) -
     log(table + "\n\n" + text)
     if args.markdown:
         args.markdown.write_text(table + "\n\n" + text + "\n", encoding="utf-8")
-    if args.readme:
-        update_marked_block(args.readme, "bench_steptime", text)
     missed = misses(rows, timings)
     log("targets: all met" if not missed else "targets missed:\n  " + "\n  ".join(missed))
     return 1 if missed and args.check else 0

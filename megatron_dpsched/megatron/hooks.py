@@ -3,7 +3,8 @@
 Both integrations call exactly these functions, so they behave the same:
 
 * the monkey-patch (:func:`megatron_dpsched.megatron.patch.enable`) installs them
-  in place of three names in ``megatron.training.training``;
+  in place of seven names in ``megatron.training.training`` (the list is in
+  :mod:`~megatron_dpsched.megatron.patch`);
 * the source patch (``patches/megatron_training_dpsched.patch``, applied with
   ``scripts/apply_megatron_patch.sh``) calls them explicitly from
   ``megatron/training/training.py``; each call line is marked ``# megatron-dpsched``.

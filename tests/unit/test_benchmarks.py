@@ -28,4 +28,12 @@ def test_benchmark_runs_from_a_clone_and_exits_0(tmp_path: Path, script: str, ar
         assert name in proc.stdout
     assert "alpaca_eval_outputs" not in proc.stdout
     assert "targets" in proc.stdout
-    assert {p: p.stat().st_mtime_ns for p in before} == before, "a report rewrote README/docs without --readme"
+    assert {p: p.stat().st_mtime_ns for p in before} == before, "a benchmark rewrote README/docs without --markdown"
+
+
+@pytest.mark.parametrize("script", ["bench_schedule.py", "bench_steptime.py", "bench_baselines.py"])
+def test_benchmarks_never_write_the_readme(tmp_path: Path, script: str) -> None:
+    help_text = _run(script, "--help", cwd=tmp_path).stdout
+    assert "--markdown" in help_text and "--readme" not in help_text
+    proc = _run(script, "--readme", str(REPO / "README.md"), cwd=tmp_path)
+    assert proc.returncode == 2 and "unrecognized arguments: --readme" in proc.stderr
