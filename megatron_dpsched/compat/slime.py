@@ -42,7 +42,9 @@ Returned, a tuple of lists as slime returns it:
   ``train_one_step`` scales the loss and steps the LR scheduler by it).
 
 Every micro-batch holds at most ``max_tokens_per_gpu * cp_size`` tokens or is a single longer sample,
-and every kept sample is placed exactly once (slime's documented invariants). Where it differs from
+and every kept sample is placed exactly once (slime's documented invariants). Ranks are numbered as slime numbers
+them: in every step rank 0 trains the heaviest set (the balanced load: FLOPs with ``balance_data``,
+else tokens), then the next heaviest, as slime's Karmarkar-Karp partitioning orders its sets. Where it differs from
 slime's own planner, on purpose:
 
 * micro-batch counts follow Megatron's interleaved rule (``pp <= G <= M``, ``M % G == 0 or M % G >= pp``)
