@@ -153,7 +153,7 @@ class Trainers:
         import torch.multiprocessing as mp
 
         context = mp.get_context("spawn")
-        init_file = self.init_file = options.out / "gloo_init"
+        init_file = self.init_file = options.out.resolve() / "gloo_init"  # absolute: file:// reads a host
         init_file.unlink(missing_ok=True)
         self.inbox = [context.Queue() for _ in range(options.dp)]
         self.outbox = context.Queue()

@@ -3,9 +3,12 @@
 * :mod:`megatron_dpsched.compat.slime`: ``build_dp_schedule(args, train_parallel_config, total_lengths,
   global_batch_size, rollout_indices)`` with the argument and return contract of slime's
   ``slime/utils/dp_schedule.py``.
-* :mod:`megatron_dpsched.compat.verl`: ``plan_mini_batch(seqlen_list, dp_size=..., max_token_len=...)``,
-  verl's dynamic batching (``use_dynamic_bsz``, ``ppo_max_token_len_per_gpu``) planned once for the
-  whole mini-batch on the driver instead of per rank.
+* :mod:`megatron_dpsched.compat.verl`: verl's ``verl/utils/seqlen_balancing.py`` API
+  (``rearrange_micro_batches``, ``prepare_dynamic_batch``, ``restore_dynamic_batch``, ...) per rank with the
+  token cap always kept, and ``plan_mini_batch(seqlen_list, dp_size=..., max_token_len=...)``, the whole
+  mini-batch planned once on the driver instead of per rank.
 
-Both are pure Python (no torch, no Megatron, no slime or verl import), like :mod:`megatron_dpsched.core`.
+See ``docs/dropins.md`` for the framework lines to change.
+
+Importing either needs neither torch, Megatron, slime nor verl; verl's tensor functions import torch when called.
 """

@@ -42,7 +42,9 @@ Returned, a tuple of lists as slime returns it:
   ``train_one_step`` scales the loss and steps the LR scheduler by it).
 
 Every micro-batch holds at most ``max_tokens_per_gpu * cp_size`` tokens or is a single longer sample,
-and every kept sample is placed exactly once (slime's documented invariants). Where it differs from
+and every kept sample is placed exactly once (slime's documented invariants). Ranks are numbered as slime numbers
+them: in every step rank 0 trains the heaviest set (the balanced load: FLOPs with ``balance_data``,
+else tokens), then the next heaviest, as slime's Karmarkar-Karp partitioning orders its sets. Where it differs from
 slime's own planner, on purpose:
 
 * micro-batch counts follow Megatron's interleaved rule (``pp <= G <= M``, ``M % G == 0 or M % G >= pp``)
@@ -69,6 +71,7 @@ from typing import Any
 
 from megatron_dpsched.compat._fill import fill_empty_micro_batches
 from megatron_dpsched.core import CostModel, DPSchedule, ScheduleConfig, plan_schedule
+from megatron_dpsched.core.schedule import assemble_schedule
 from megatron_dpsched.core.steps import split_steps
 from megatron_dpsched.core.validation import MAX_TOKENS, is_int, require_lengths, require_sequence
 
@@ -157,7 +160,7 @@ def _plan(
     _check_steps(rollouts, global_batch_size=gbs, dp_size=config.dp_size)
     schedule = plan_schedule(lengths, config=config, groups=rollouts, cost_model=cost_model)
     try:
-        schedule = fill_empty_micro_batches(schedule)
+        schedule = heaviest_rank_first(fill_empty_micro_batches(schedule))
     except ValueError as error:
         raise SlimeScheduleError(f"{error}; give each step more rollouts (global_batch_size)") from None
     return SlimeSchedule(
@@ -167,6 +170,25 @@ def _plan(
         global_batch_sizes=(gbs,) * schedule.num_steps,
         schedule=schedule,
     )
+
+
+def heaviest_rank_first(schedule: DPSchedule) -> DPSchedule:
+    """``schedule`` with the ranks of every step reordered by descending load, as slime numbers them.
+
+    slime's Karmarkar-Karp partitioning hands rank 0 the heaviest set of a step, then the next heaviest
+    (load: the balanced cost; ties: more samples first, then the original rank order). Moving whole
+    rank plans between ranks keeps every micro-batch, cap and count as planned.
+    """
+    plans = []
+    for step in range(schedule.num_steps):
+        ranks = [schedule.rank_step_micro_batches(r, step) for r in range(schedule.dp_size)]
+        loads = [(sum(schedule.costs[i] for mb in rank for i in mb), sum(len(mb) for mb in rank)) for rank in ranks]
+        order = sorted(range(schedule.dp_size), key=lambda r: (-loads[r][0], -loads[r][1], r))
+        plans.append([[list(mb) for mb in ranks[r]] for r in order])
+    ordered = assemble_schedule(plans, sizes=schedule.lengths, costs=schedule.costs, groups=schedule.groups,
+                                config=schedule.config, dropped=list(schedule.dropped))
+    ordered.check()
+    return ordered
 
 
 def _positive_int(name: str, value: object) -> int:

@@ -1,18 +1,32 @@
-"""verl-style dynamic batching, planned once for the whole mini-batch on the driver.
+"""verl's sequence-balancing API (``verl/utils/seqlen_balancing.py``), backed by this planner, at two levels.
 
-verl (volcengine/verl, ``verl/utils/seqlen_balancing.py`` at commit
-``b178a3cd56f58b2d502255daba591e92833930a7``; ``verl/workers/actor/megatron_actor.py``) plans per rank:
-with ``use_dynamic_bsz`` every data-parallel rank calls ``rearrange_micro_batches(batch, max_token_len,
-num_batches_divided_by=...)`` on its own share of the mini-batch (``ppo_mini_batch_size`` prompts times
-``rollout.n``), takes ``ceil(tokens / max_token_len)`` micro-batches, agrees on the largest count over
-the DP group (an all-reduce MAX, ``same_micro_num_in_dp``), rounds it up to a multiple of
-``num_batches_divided_by`` (``microbatch_group_size_per_vp_stage`` under VPP), balances its own samples
-over that count (``get_seqlen_balanced_partitions``), and returns the micro-batches with their index
-lists. Which samples a rank gets is decided before that, without the token cap.
+Contract source: volcengine/verl, commit ``b178a3cd56f58b2d502255daba591e92833930a7``,
+``verl/utils/seqlen_balancing.py`` (signatures, docstrings, return shapes and orders), its tests
+``tests/utils/test_seqlen_balancing.py``, and its callers (``verl/workers/actor/megatron_actor.py``,
+``dp_actor.py``, the critics, ``verl/trainer/ppo/ray_trainer.py``). Only the contract was taken from there.
 
-:func:`plan_mini_batch` plans the same mini-batch for all ranks at once with this package's planner:
-which rank trains which sample, and each rank's micro-batches, balanced across ranks as well as within
-them, with one shared count and no collective. Mapping of verl's parameters:
+**Level 1, per rank (change an import).** The names verl's workers, trainer and tests import, with
+verl's signatures and return values: :func:`rearrange_micro_batches`, :func:`prepare_dynamic_batch`,
+:func:`restore_dynamic_batch`, :func:`get_reverse_idx`, :func:`ceildiv`, :func:`roundup_divisible`,
+:func:`calculate_workload`, :func:`get_seqlen_balanced_partitions`, :func:`get_group_balanced_partitions`
+and :func:`log_seqlen_unbalance`. ``rearrange_micro_batches`` (and ``prepare_dynamic_batch`` over it)
+packs with this package's packer, so no micro-batch of two or more samples ever holds more than
+``max_token_len`` tokens (verl's Karmarkar-Karp split has no cap and goes over it). The count is verl's
+(``min(samples, ceil(tokens / max_token_len))``, at least ``min_num_micro_batch``, the MAX over
+``dp_group`` with ``same_micro_num_in_dp``, rounded up to ``num_batches_divided_by``) except where the
+samples do not fit under the cap in that many: then it is the fewest that fit (before the MAX, so every
+rank still runs the same count). The tensor functions import torch when called; this module imports none.
+
+**Level 2, on the driver (change the dispatch).** :func:`plan_mini_batch` plans a whole mini-batch for
+every data-parallel rank at once: which rank trains which sample (balanced across ranks, not only within
+them) and each rank's micro-batches, with one shared count and no collective; ranks may get different
+sample counts, so the driver dispatches ``rank_indices[r]`` to rank ``r`` instead of equal chunks.
+
+verl's per-rank planning: with ``use_dynamic_bsz`` every data-parallel rank calls
+``rearrange_micro_batches(batch, max_token_len, num_batches_divided_by=...)`` on its own share of the
+mini-batch, agrees on the largest count over the DP group (``same_micro_num_in_dp``), balances its own
+samples over that count and returns the micro-batches with their index lists. Which samples a rank gets
+is decided before that, without the token cap. Mapping of :func:`plan_mini_batch`'s parameters:
 
 * ``max_token_len``: verl's ``max_token_len``, i.e. ``ppo_max_token_len_per_gpu`` (or
   ``log_prob_max_token_len_per_gpu``) times ``megatron.context_parallel_size``, as verl's Megatron actor
@@ -28,8 +42,11 @@ The result gives per rank the mini-batch positions to dispatch to that rank (``r
 micro-batch order: the driver's ``data.select_idxs(rank_indices[r])`` instead of ``data.chunk(dp_size)``)
 and that rank's micro-batches as positions into its local batch (``micro_batch_indices[r]``: what
 ``rearrange_micro_batches`` returns as its second value on that rank, so ``restore_dynamic_batch`` works
-unchanged). Ranks may get different sample counts. No micro-batch is empty (verl's partitioning asserts
-that); a mini-batch with fewer samples than ``dp_size * num_micro_batches`` raises ``ValueError``.
+unchanged). No micro-batch is empty (verl's partitioning asserts that); a mini-batch with fewer samples
+than ``dp_size * num_micro_batches`` raises ``ValueError``.
+
+User errors at level 1 raise :class:`VerlBalancingError`, a ``ValueError`` naming the argument that is
+also an ``AssertionError`` where verl asserts, so callers written for verl keep working.
 """
 
 from __future__ import annotations
@@ -38,9 +55,47 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from megatron_dpsched.compat._fill import fill_empty_micro_batches
+from megatron_dpsched.compat._verl_partitions import (
+    VerlBalancingError,
+    calculate_workload,
+    ceildiv,
+    get_group_balanced_partitions,
+    get_reverse_idx,
+    get_seqlen_balanced_partitions,
+    local_micro_batch_count,
+    log_seqlen_unbalance,
+    plan_micro_batches,
+    roundup_divisible,
+)
+from megatron_dpsched.compat._verl_tensors import (
+    prepare_dynamic_batch,
+    rearrange_micro_batches,
+    restore_dynamic_batch,
+    select_rows,
+)
 from megatron_dpsched.core import DPSchedule, ScheduleConfig, plan_schedule
 from megatron_dpsched.core.cost import CostFunction
 from megatron_dpsched.core.validation import require_bool, require_int, require_lengths
+
+__all__ = [
+    "VERL_CONTRACT",
+    "MiniBatchPlan",
+    "VerlBalancingError",
+    "calculate_workload",
+    "ceildiv",
+    "get_group_balanced_partitions",
+    "get_reverse_idx",
+    "get_seqlen_balanced_partitions",
+    "local_micro_batch_count",
+    "log_seqlen_unbalance",
+    "plan_micro_batches",
+    "plan_mini_batch",
+    "prepare_dynamic_batch",
+    "rearrange_micro_batches",
+    "restore_dynamic_batch",
+    "roundup_divisible",
+    "select_rows",
+]
 
 VERL_CONTRACT = "volcengine/verl@b178a3cd56f58b2d502255daba591e92833930a7:verl/utils/seqlen_balancing.py"
 """Where the parameter names and the per-rank return values come from."""

@@ -1,7 +1,8 @@
 """``examples/rl_controller.py`` end to end: rollouts planned by the controller, trained by gloo trainer ranks.
 
-One job trains 3 rollouts on 2 trainer ranks and saves its state after 2; a second job resumes from
-that state. Every rank's records are checked: each rollout sample trained exactly once, in the
+The jobs are the README's two commands, run exactly as written (relative ``--out`` and ``--resume``
+paths, from the repository root): one trains 3 rollouts on 2 trainer ranks and saves its state after 2;
+the second resumes from that state. Every rank's records are checked: each rollout sample trained exactly once, in the
 micro-batches of the shipped plan, finite losses, Megatron's counters advanced by the samples
 trained; the resumed job makes the same next plan and trains it with the same losses and counters.
 """
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,18 +21,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "rl_controller.py"
-DP = 2
+DP = 2  # the example's defaults, which the README's commands keep
 ROLLOUTS = 3
 
 pytestmark = pytest.mark.distributed
-
-
-def run_example(out: Path, *extra: str) -> str:
-    proc = subprocess.run([sys.executable, str(EXAMPLE), "--out", str(out), "--dp", str(DP),
-                           "--rollouts", str(ROLLOUTS), *extra],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    return proc.stdout
 
 
 def records(out: Path) -> list[list[dict]]:
@@ -40,11 +35,44 @@ def plan(out: Path, rollout: int) -> dict:
     return json.loads((out / "plans" / f"rollout_{rollout}.json").read_text())
 
 
+def readme_commands() -> list[list[str]]:
+    """The README's ``examples/rl_controller.py`` command lines, split as a shell would (comments dropped)."""
+    text = (REPO / "README.md").read_text()
+    lines = [line for line in text.splitlines() if line.startswith(".venv/bin/python examples/rl_controller.py")]
+    return [shlex.split(line, comments=True) for line in lines]
+
+
+def run_as_written(argv: list[str]) -> None:
+    """``argv`` from the repository root; its interpreter is the checkout's ``.venv`` (this one without it)."""
+    python = argv[0] if (REPO / argv[0]).exists() else sys.executable
+    proc = subprocess.run([python, *argv[1:]], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (shlex.join(argv) + "\n" + proc.stdout + proc.stderr)[-4000:]
+
+
+def option(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The README's two jobs, run as written; their outputs copied out of the checkout (and removed from it
+    when they were not there before)."""
+    first, second = readme_commands()
+    assert "--save-state-after" in first and "--resume" in second, (first, second)
+    assert not Path(option(first, "--out")).is_absolute() and option(second, "--resume").startswith(
+        option(first, "--out") + "/")
+    outs = [REPO / option(argv, "--out") for argv in (first, second)]
+    existed = [out.exists() for out in outs]
     root = tmp_path_factory.mktemp("rl_example")
-    run_example(root / "full", "--save-state-after", "2")
-    run_example(root / "resumed", "--resume", str(root / "full" / "state_after_2"))
+    try:
+        for argv in (first, second):
+            run_as_written(argv)
+        for out, name in zip(outs, ("full", "resumed"), strict=True):
+            shutil.copytree(out, root / name)
+    finally:
+        for out, was_there in zip(outs, existed, strict=True):
+            if not was_there:
+                shutil.rmtree(out, ignore_errors=True)
     return root / "full", root / "resumed"
 
 

@@ -119,6 +119,29 @@ def test_applying_twice_is_refused_and_reverse_restores_the_original(patched_meg
     assert not_applied.returncode == 1 and "not applied" in not_applied.stderr
 
 
+def test_patch_applies_to_a_megatron_lm_checkout_and_reverts_exactly(tmp_path: Path) -> None:
+    """``DPSCHED_MEGATRON_LM_SRC``: a Megatron-LM checkout (e.g. ``main``, 0.20.0) to apply the patch to."""
+    source = os.environ.get("DPSCHED_MEGATRON_LM_SRC")
+    if not source:
+        pytest.skip("set DPSCHED_MEGATRON_LM_SRC to a Megatron-LM checkout (e.g. main) to check the patch on it")
+    (tmp_path / "megatron" / "training").mkdir(parents=True)
+    target = tmp_path / "megatron" / "training" / "training.py"
+    shutil.copy(Path(source) / "megatron" / "training" / "training.py", target)
+    pristine = target.read_text()
+    proc = _script("--target", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    patched = target.read_text()
+    compile(patched, str(target), "exec")
+    lines = patched.splitlines()
+    logged = max(i for i, line in enumerate(lines) if "report_memory_flag = training_log(" in line)
+    hook = next(i for i, line in enumerate(lines) if "dpsched_hooks.on_training_log(iteration)" in line)
+    assert logged < hook < logged + 40  # right after the train() loop's training_log call
+    assert sum(MARK in line for line in lines) == sum(
+        line.startswith("+") and not line.startswith("+++") for line in PATCH.read_text().splitlines())
+    assert _script("--target", str(tmp_path), "--reverse").returncode == 0
+    assert target.read_text() == pristine
+
+
 def test_script_reports_a_target_without_megatron(tmp_path: Path) -> None:
     proc = _script("--target", str(tmp_path))
     assert proc.returncode == 1 and "no megatron/training/training.py" in proc.stderr

@@ -189,3 +189,19 @@ def test_bad_input_raises_value_error_naming_the_argument(call, names):
     with pytest.raises(ValueError, match=names.replace("[", r"\[").replace("]", r"\]")) as info:
         call()
     assert isinstance(info.value, AssertionError)  # what slime's own checks raise
+
+
+def test_ranks_of_every_step_are_numbered_heaviest_first_as_slime_does():
+    rng = random.Random(21)
+    for balance_data in (False, True):
+        args = make_args(use_dynamic_batch_size=True, max_tokens_per_gpu=256, balance_data=balance_data,
+                         hidden_size=64, num_layers=2, num_attention_heads=4)
+        lengths = [rng.randint(1, 256) for _ in range(48)]
+        plan = plan_slime_schedule(args, make_tp(4), lengths, global_batch_size=16, rollout_indices=list(range(48)))
+        schedule = plan.schedule
+        for step in range(schedule.num_steps):
+            loads = [sum(schedule.costs[i] for mb in schedule.rank_step_micro_batches(r, step) for i in mb)
+                     for r in range(4)]
+            assert loads == sorted(loads, reverse=True), (balance_data, step, loads)
+        if balance_data:
+            assert schedule.config.balance == "cost"
