@@ -1,6 +1,6 @@
 """``examples/rl_controller.py`` end to end: rollouts planned by the controller, trained by gloo trainer ranks.
 
-The jobs are the README's two commands, run exactly as written (relative ``--out`` and ``--resume``
+The jobs are docs/rl.md's two commands, run exactly as written (relative ``--out`` and ``--resume``
 paths, from the repository root): one trains 3 rollouts on 2 trainer ranks and saves its state after 2;
 the second resumes from that state. Every rank's records are checked: each rollout sample trained exactly once, in the
 micro-batches of the shipped plan, finite losses, Megatron's counters advanced by the samples
@@ -21,7 +21,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "rl_controller.py"
-DP = 2  # the example's defaults, which the README's commands keep
+DP = 2  # the example's defaults, which docs/rl.md's commands keep
 ROLLOUTS = 3
 
 pytestmark = pytest.mark.distributed
@@ -36,8 +36,8 @@ def plan(out: Path, rollout: int) -> dict:
 
 
 def readme_commands() -> list[list[str]]:
-    """The README's ``examples/rl_controller.py`` command lines, split as a shell would (comments dropped)."""
-    text = (REPO / "README.md").read_text()
+    """docs/rl.md's ``examples/rl_controller.py`` command lines, split as a shell would (comments dropped)."""
+    text = (REPO / "docs" / "rl.md").read_text()
     lines = [line for line in text.splitlines() if line.startswith(".venv/bin/python examples/rl_controller.py")]
     return [shlex.split(line, comments=True) for line in lines]
 
@@ -55,7 +55,7 @@ def option(argv: list[str], name: str) -> str:
 
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The README's two jobs, run as written; their outputs copied out of the checkout (and removed from it
+    """docs/rl.md's two jobs, run as written; their outputs copied out of the checkout (and removed from it
     when they were not there before)."""
     first, second = readme_commands()
     assert "--save-state-after" in first and "--resume" in second, (first, second)
