@@ -4,9 +4,9 @@ Usage (what the pytest fixture runs)::
 
     python tests/distributed/launcher.py --world-size 2 --out DIR dp2 pp2 pp2_vpp2
 
-Each scenario writes ``DIR/<scenario>.rank<r>.pt`` holding ``{"ok": True, "result": ...}``
-or ``{"ok": False, "error": traceback}``. After a failure the processes stop (peers
-could be stuck in a collective); later scenarios are then simply missing, and the
+The scenarios are the ones declared with ``registry.scenario``. Each writes ``DIR/<scenario>.rank<r>.pt``
+holding ``{"ok": True, "result": ...}`` or ``{"ok": False, "error": traceback}``. After a failure the
+processes stop (peers could be stuck in a collective); later scenarios are then simply missing, and the
 timeout on the gloo group turns a hang into an error.
 """
 
@@ -25,20 +25,16 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 HERE = Path(__file__).resolve().parent
-SCENARIO_MODULES = ("scenarios", "scenarios_layouts", "scenarios_moe", "scenarios_masks")
-"""The modules whose ``SCENARIOS`` (name -> function run in every process) a launch can run."""
 REPO = HERE.parents[1]
 
 
 def _worker(rank: int, world_size: int, out: str, scenarios: list[str], init_file: str) -> None:
     sys.path[:0] = [str(REPO), str(HERE)]
     warnings.filterwarnings("ignore")
-    import importlib
-
     import harness
+    from registry import REGISTRY
 
-    known = {name: run for module in SCENARIO_MODULES
-             for name, run in importlib.import_module(module).SCENARIOS.items()}
+    runs = [REGISTRY.get(name).run for name in scenarios]  # imports every scenarios*.py
 
     from megatron_dpsched.testing import cpu_shim
 
@@ -47,10 +43,10 @@ def _worker(rank: int, world_size: int, out: str, scenarios: list[str], init_fil
                             world_size=world_size, timeout=timedelta(seconds=120))
     cpu_shim.install()
     torch.set_num_threads(1)
-    for name in scenarios:
+    for name, run in zip(scenarios, runs, strict=True):
         path = Path(out) / f"{name}.rank{rank}.pt"
         try:
-            torch.save({"ok": True, "result": known[name]()}, path)
+            torch.save({"ok": True, "result": run()}, path)
         except BaseException:  # noqa: BLE001 - reported to pytest
             torch.save({"ok": False, "error": traceback.format_exc()}, path)
             os._exit(1)

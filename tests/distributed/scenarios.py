@@ -1,7 +1,12 @@
 """Scenarios run inside the spawned processes; each returns a picklable result per rank.
 
 A scenario raises on a local failure; cross-rank and cross-layout assertions
-live in the pytest tests, which read the saved results.
+live in the pytest tests, which read the saved results. Each is declared once with
+``@scenario`` (``registry.py``): its world size and launch.
+
+Tags: ``whole_batch``: trains every sample of ``TRAIN_ITERS`` full steps, compared in
+``test_megatron_train.py`` with ``reference``; ``resumes``: also reports the next step from
+the feed and from a loader resumed at Megatron's ``consumed_train_samples``.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from typing import Any
 import harness
 import torch
 from harness import GLOBAL_BATCH, LENGTHS, TRAIN_ITERS, Layout
+from registry import scenario
 
 
 class _GradRecorder:
@@ -265,6 +271,56 @@ def _plans_and_resume(args: Any, feed: Any, *, num_chunks: int) -> dict[str, Any
     }
 
 
+LOADER_LAYOUTS: dict[str, Layout] = {
+    "dp2": Layout(),
+    "pp2": Layout(pp=2),
+    "pp2_vpp2": Layout(pp=2, vpp=2),
+    "dp2_static": Layout(static_micro_batch_size=2),
+    # 8 samples, micro-batch size 8: Megatron's count is 1, the interleaved schedule needs 2 -> grown
+    "pp2_vpp2_static": Layout(pp=2, vpp=2, static_micro_batch_size=8),
+}
+PARTIAL_STEP_SAMPLES = (TRAIN_ITERS - 1) * GLOBAL_BATCH + 4
+"""``dp2_partial_step`` trains the first two full steps and a short trailing step of 4 samples."""
+
+
+@scenario(world_size=4, cases={"dp2_pp2": Layout(pp=2)}, tags={"whole_batch", "resumes"})
+@scenario(world_size=2, cases=LOADER_LAYOUTS, tags={"whole_batch", "resumes"})
+def train(layout: Layout) -> dict[str, Any]:
+    """The loader feed plans each step when Megatron asks for it."""
+    return run_training(layout)
+
+
+@scenario(world_size=2, cases={"dp2_precomputed": Layout()}, tags={"whole_batch"})
+def train_shipped_plan(layout: Layout) -> dict[str, Any]:
+    """A shipped plan (JSON round trip) with an extra empty micro-batch per rank and step."""
+    return run_training(layout, precomputed=True)
+
+
+@scenario(world_size=2)
+def dp2_precomputed_resumed() -> dict[str, Any]:
+    """The shipped plan, from a checkpoint of step 1 (Megatron's counters)."""
+    return run_training(Layout(), precomputed=True, resume=True)
+
+
+@scenario(world_size=2)
+def dp2_prefetch() -> dict[str, Any]:
+    """``dp2`` with the loader preparing each next step in its background thread."""
+    return run_training(Layout(), prefetch=True)
+
+
+@scenario(world_size=2)
+def dp2_partial_step() -> dict[str, Any]:
+    """A short trailing step (:data:`PARTIAL_STEP_SAMPLES`)."""
+    return run_training(Layout(), num_samples=PARTIAL_STEP_SAMPLES)
+
+
+@scenario(world_size=1)
+def reference() -> dict[str, Any]:
+    """One process, every step one micro-batch of all its samples."""
+    return run_training(Layout(), reference=True)
+
+
+@scenario(world_size=2)
 def bad_layout() -> dict[str, Any]:
     """A VPP group below PP must fail before any step, naming the flag."""
     layout = Layout(pp=2, vpp=2, group=1)
@@ -275,6 +331,7 @@ def bad_layout() -> dict[str, Any]:
     return {"error": None}
 
 
+@scenario(world_size=2)
 def dp_mismatch() -> dict[str, Any]:
     """A shipped plan made for 4 data-parallel ranks, run on 2: refused before the first step."""
     from megatron.core.utils import get_model_config
@@ -354,12 +411,14 @@ LYING_LENGTHS = {
 }
 
 
+@scenario(world_size=2, cases={"lying_shorter": "shorter", "lying_longer": "longer"})
 def lying_dataset(kind: str) -> dict[str, Any]:
     """A dataset whose ``lengths`` are not its samples' token counts: refused at the first micro-batch."""
     return _train_expecting_error(Layout(), lambda args, chunks: _loader(args, num_chunks=chunks,
                                                                          lengths=LYING_LENGTHS[kind]))
 
 
+@scenario(world_size=2)
 def lying_shipped_plan() -> dict[str, Any]:
     """A shipped plan made from wrong (4x shorter) lengths: refused at the first micro-batch."""
     from megatron.core import parallel_state
@@ -396,6 +455,19 @@ def ranks_disagree(layout: Layout, change: str) -> dict[str, Any]:
         args, num_chunks=chunks, lengths=_rank_lengths(RANK_CHANGES[change])))
 
 
+@scenario(world_size=2, cases={"dp2_ranks_reordered": Layout(), "pp2_ranks_reordered": Layout(pp=2)})
+def ranks_reordered(layout: Layout) -> dict[str, Any]:
+    """Rank 1 reads step 0's lengths in another order."""
+    return ranks_disagree(layout, "reordered")
+
+
+@scenario(world_size=2)
+def dp2_ranks_larger() -> dict[str, Any]:
+    """Rank 1 reads step 0's lengths slightly larger."""
+    return ranks_disagree(Layout(), "larger")
+
+
+@scenario(world_size=2)
 def nan_loss() -> dict[str, Any]:
     """NaN output weights: Megatron's NaN check on the loss (rerun state machine) stops step 0 on every rank.
 
@@ -407,28 +479,3 @@ def nan_loss() -> dict[str, Any]:
 
     return _train_expecting_error(Layout(extra=("--rerun-mode", "disabled")),
                                   lambda args, chunks: _loader(args, num_chunks=chunks), spoil=spoil)
-
-
-SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
-    "dp2": lambda: run_training(Layout()),
-    "dp2_precomputed": lambda: run_training(Layout(), precomputed=True),
-    "dp2_precomputed_resumed": lambda: run_training(Layout(), precomputed=True, resume=True),
-    "dp2_prefetch": lambda: run_training(Layout(), prefetch=True),
-    "pp2": lambda: run_training(Layout(pp=2)),
-    "pp2_vpp2": lambda: run_training(Layout(pp=2, vpp=2)),
-    "dp2_pp2": lambda: run_training(Layout(pp=2)),
-    "dp2_partial_step": lambda: run_training(Layout(), num_samples=(TRAIN_ITERS - 1) * GLOBAL_BATCH + 4),
-    "dp2_static": lambda: run_training(Layout(static_micro_batch_size=2)),
-    # 8 samples, micro-batch size 8: Megatron's count is 1, the interleaved schedule needs 2 -> grown
-    "pp2_vpp2_static": lambda: run_training(Layout(pp=2, vpp=2, static_micro_batch_size=8)),
-    "reference": lambda: run_training(Layout(), reference=True),
-    "bad_layout": bad_layout,
-    "dp_mismatch": dp_mismatch,
-    "lying_shorter": lambda: lying_dataset("shorter"),
-    "lying_longer": lambda: lying_dataset("longer"),
-    "lying_shipped_plan": lying_shipped_plan,
-    "dp2_ranks_reordered": lambda: ranks_disagree(Layout(), "reordered"),
-    "dp2_ranks_larger": lambda: ranks_disagree(Layout(), "larger"),
-    "pp2_ranks_reordered": lambda: ranks_disagree(Layout(pp=2), "reordered"),
-    "nan_loss": nan_loss,
-}

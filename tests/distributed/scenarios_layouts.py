@@ -7,10 +7,10 @@ the same model flags (``reference`` or ``reference_rope``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from harness import Layout
+from registry import scenario
 from scenarios import run_training
 
 ROPE = ("--position-embedding-type", "rope", "--no-rope-fusion")
@@ -19,7 +19,7 @@ ADAM = ("--optimizer", "adam", "--lr", "0.01", "--min-lr", "0.01", "--adam-eps",
 """Megatron's distributed optimizer takes Adam (not SGD); a small step keeps the comparison smooth."""
 DISTRIBUTED_OPTIMIZER = (*ADAM, "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather")
 
-LAYOUTS: dict[str, Layout] = {
+LAYOUTS2: dict[str, Layout] = {
     "thd_dp2": Layout(collate="thd", extra=ROPE),
     "bshd_dp2_rope": Layout(extra=ROPE),
     "thd_pp2": Layout(pp=2, collate="thd", extra=ROPE),
@@ -31,15 +31,20 @@ LAYOUTS: dict[str, Layout] = {
     "cp2_thd": Layout(cp=2, collate="thd", extra=ROPE),
     "dp2_distributed_optimizer": Layout(extra=DISTRIBUTED_OPTIMIZER),
     "dp2_bf16": Layout(extra=("--bf16",)),
-    "dp2_tp2": Layout(tp=2),
-    "dp2_cp2_thd": Layout(cp=2, collate="thd", extra=ROPE),
 }
-"""Four processes: ``dp2_tp2`` and ``dp2_cp2_thd``; two for the others."""
+LAYOUTS4: dict[str, Layout] = {"dp2_tp2": Layout(tp=2), "dp2_cp2_thd": Layout(cp=2, collate="thd", extra=ROPE)}
 
-REFERENCES: dict[str, Layout] = {"reference_rope": Layout(extra=ROPE), "reference_adam": Layout(extra=ADAM),
-                                "reference_bf16": Layout(extra=("--bf16",))}
 
-SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
-    **{name: (lambda layout=layout: run_training(layout)) for name, layout in LAYOUTS.items()},
-    **{name: (lambda layout=layout: run_training(layout, reference=True)) for name, layout in REFERENCES.items()},
-}
+@scenario(world_size=4, launch="layouts4", cases=LAYOUTS4, tags={"layout"})
+@scenario(world_size=2, launch="layouts2", cases=LAYOUTS2, tags={"layout"})
+def train_layout(layout: Layout) -> dict[str, Any]:
+    """Tag ``layout``: compared with the whole-batch reference of the same model flags."""
+    return run_training(layout)
+
+
+@scenario(world_size=1, launch="references", cases={"reference_rope": Layout(extra=ROPE),
+                                                    "reference_adam": Layout(extra=ADAM),
+                                                    "reference_bf16": Layout(extra=("--bf16",))})
+def reference_layout(layout: Layout) -> dict[str, Any]:
+    """One process, every step one micro-batch of all its samples, with ``layout``'s model flags."""
+    return run_training(layout, reference=True)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import harness
 import torch
 from harness import GLOBAL_BATCH, LENGTHS, TRAIN_ITERS, Layout
+from registry import scenario
 from scenarios import run_training
 from scenarios_layouts import ROPE
 
@@ -115,9 +115,14 @@ def reference_feed(args: Any, num_chunks: int) -> Any:
 MASKED_LAYOUTS = {"masked_bshd_dp2": Layout(), "masked_thd_dp2": Layout(collate="thd", extra=ROPE)}
 MASKED_REFERENCES = {"masked_reference": Layout(), "masked_reference_rope": Layout(extra=ROPE)}
 
-SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
-    **{name: (lambda layout=layout: run_training(layout, make_feed=scheduled_feed))
-       for name, layout in MASKED_LAYOUTS.items()},
-    **{name: (lambda layout=layout: run_training(layout, reference=True, make_feed=reference_feed))
-       for name, layout in MASKED_REFERENCES.items()},
-}
+
+@scenario(world_size=2, launch="masked2", cases=MASKED_LAYOUTS, tags={"masked"})
+def train_masked(layout: Layout) -> dict[str, Any]:
+    """Tag ``masked``: the project's reader and collate on the masked corpus."""
+    return run_training(layout, make_feed=scheduled_feed)
+
+
+@scenario(world_size=1, launch="masked1", cases=MASKED_REFERENCES)
+def reference_masked(layout: Layout) -> dict[str, Any]:
+    """One process, every step one hand-made micro-batch of all its samples."""
+    return run_training(layout, reference=True, make_feed=reference_feed)

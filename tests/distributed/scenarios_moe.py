@@ -28,6 +28,7 @@ from typing import Any
 import harness
 import torch
 from harness import GLOBAL_BATCH, LENGTHS, TRAIN_ITERS, Layout
+from registry import scenario
 from scenarios import _GradRecorder, _loader, run_training
 
 EXPERTS = ("--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "16", "--disable-bias-linear")
@@ -175,6 +176,7 @@ def _plain_iterator(batches: list[dict[str, Any]]) -> Any:
     return RerunDataIterator(iter(batches))
 
 
+@scenario(world_size=2, launch="moe_own_path2", cases=OWN_PATH_LAYOUTS, tags={"own_path"})
 def scheduled_vs_own_path(layout: Layout) -> dict[str, Any]:
     """The scheduled run, then each of its steps replayed on Megatron's own path (module docstring)."""
     from megatron.core import parallel_state
@@ -201,8 +203,13 @@ def scheduled_vs_own_path(layout: Layout) -> dict[str, Any]:
     }
 
 
-SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
-    **{name: (lambda layout=layout: run_training(layout)) for name, layout in MOE_LAYOUTS.items()},
-    "moe_reference": lambda: run_training(Layout(extra=ALLTOALL), reference=True),
-    **{name: (lambda layout=layout: scheduled_vs_own_path(layout)) for name, layout in OWN_PATH_LAYOUTS.items()},
-}
+@scenario(world_size=2, launch="moe2", cases=MOE_LAYOUTS, tags={"moe"})
+def train_moe(layout: Layout) -> dict[str, Any]:
+    """Tag ``moe``: compared with ``moe_reference``."""
+    return run_training(layout)
+
+
+@scenario(world_size=1, launch="moe_references")
+def moe_reference() -> dict[str, Any]:
+    """One process, every step one micro-batch of all its samples, dropless top-2 of 4 experts."""
+    return run_training(Layout(extra=ALLTOALL), reference=True)

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import pytest
 from harness import LENGTHS, TRAIN_ITERS
-from scenarios_layouts import LAYOUTS
+from registry import case, names
 from train_checks import RTOL, assert_trained_like_reference, step_samples
 
 pytestmark = pytest.mark.distributed
 
-REFERENCE = {name: "reference_rope" if "--position-embedding-type" in layout.extra
-             else "reference_adam" if "adam" in layout.extra else "reference" for name, layout in LAYOUTS.items()}
+LAYOUTS = names("layout")
+REFERENCE = {name: "reference_rope" if "--position-embedding-type" in case(name).extra
+             else "reference_adam" if "adam" in case(name).extra else "reference" for name in LAYOUTS}
 REFERENCE["dp2_bf16"] = "reference_bf16"
 TOLERANCE = {"dp2_bf16": 5e-2}
 """bf16 against the bf16 whole-batch reference: other sums round differently (measured: median 0.3-0.8%,
@@ -26,10 +27,10 @@ SHARDED_GRADS = {"dp2_distributed_optimizer"}
 """The distributed optimizer reduces each rank's shard of the gradients only: weights are compared."""
 
 
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_layout_trains_like_the_whole_batch_reference(launches, layout: str) -> None:
     (reference,) = launches.get(REFERENCE[layout])
-    assert_trained_like_reference(launches.get(layout), reference, num_chunks=LAYOUTS[layout].vpp,
+    assert_trained_like_reference(launches.get(layout), reference, num_chunks=case(layout).vpp,
                                   rtol=TOLERANCE.get(layout, RTOL), grads=layout not in SHARDED_GRADS)
 
 

@@ -10,34 +10,27 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import LaunchResults
 from entry import MODEL_BUILT, errors, python, tiny_gpt_argv, torchrun
 from harness import LENGTHS, TRAIN_ITERS
+from registry import names
 from scenarios_masks import token_mask
 from sft_data import PROMPT_FORMAT, build_tokenizer_folder, conversation, expected_mask, write_conversations
 from train_checks import RTOL, assert_trained_like_reference, step_samples
 
 pytestmark = pytest.mark.distributed
 
-LAUNCHES = {"masked2": (2, ("masked_bshd_dp2", "masked_thd_dp2")),
-            "masked1": (1, ("masked_reference", "masked_reference_rope"))}
 REFERENCE = {"masked_bshd_dp2": "masked_reference", "masked_thd_dp2": "masked_reference_rope"}
 
 
-@pytest.fixture(scope="module")
-def masked(tmp_path_factory: pytest.TempPathFactory) -> LaunchResults:
-    return LaunchResults(tmp_path_factory.mktemp("masked_launches"), launches=LAUNCHES)
+@pytest.mark.parametrize("layout", names("masked"))
+def test_masked_samples_train_like_the_reference_that_masks_the_same_tokens(launches, layout: str) -> None:
+    (reference,) = launches.get(REFERENCE[layout])
+    assert_trained_like_reference(launches.get(layout), reference, rtol=RTOL)
 
 
-@pytest.mark.parametrize("layout", sorted(REFERENCE))
-def test_masked_samples_train_like_the_reference_that_masks_the_same_tokens(masked, layout: str) -> None:
-    (reference,) = masked.get(REFERENCE[layout])
-    assert_trained_like_reference(masked.get(layout), reference, rtol=RTOL)
-
-
-def test_the_masks_change_what_is_trained(masked, launches) -> None:
+def test_the_masks_change_what_is_trained(launches) -> None:
     """The masked reference differs from the unmasked one (the masks are not a no-op)."""
-    (with_masks,) = masked.get("masked_reference")
+    (with_masks,) = launches.get("masked_reference")
     (without,) = launches.get("reference")
     diff = (with_masks["weights"]["output_layer.weight"] - without["weights"]["output_layer.weight"]).norm()
     assert diff > 1e-3 * without["weights"]["output_layer.weight"].norm()

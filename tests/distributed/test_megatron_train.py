@@ -11,15 +11,14 @@ from collections import defaultdict
 
 import pytest
 from harness import GLOBAL_BATCH, LENGTHS, TRAIN_ITERS
+from registry import case, names
 from train_checks import RTOL, assert_close, merged, step_samples
 
 pytestmark = pytest.mark.distributed
 
-LOADER_LAYOUTS = ("dp2", "pp2", "pp2_vpp2", "dp2_pp2", "dp2_static", "pp2_vpp2_static")
-LAYOUTS = (*LOADER_LAYOUTS, "dp2_precomputed")
-"""``dp2_precomputed``: a shipped DPSchedule (JSON) plus an empty micro-batch per rank and step."""
-NUM_CHUNKS = {"dp2": 1, "pp2": 1, "pp2_vpp2": 2, "dp2_pp2": 1, "dp2_precomputed": 1, "dp2_static": 1,
-              "pp2_vpp2_static": 2}
+LAYOUTS = names("whole_batch")
+"""E.g. ``dp2_precomputed``: a shipped DPSchedule (JSON) plus an empty micro-batch per rank and step."""
+LOADER_LAYOUTS = names("resumes")
 STATIC_COUNTS = {"dp2_static": 2, "pp2_vpp2_static": 2}
 """Static batching (no token cap): 8 samples / (2 x 2) = 2; under VPP the count 1 grows to the group of 2."""
 
@@ -39,17 +38,17 @@ def test_a_plan_for_another_dp_size_is_refused_before_training(launches) -> None
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_micro_batches_per_step_follow_the_plan(launches, layout: str) -> None:
-    counts = set()
+    counts, num_chunks = set(), case(layout).vpp
     for result in launches.get(layout):
         read = defaultdict(list)
         for step, chunk, ids in result["records"]:
             read[step, chunk].append(ids)
         for step, planned in enumerate(result["plan_micro_batches"]):
             counts.add(len(planned))
-            for chunk in range(NUM_CHUNKS[layout]):
+            for chunk in range(num_chunks):
                 assert read[step, chunk] == list(planned), f"step {step} chunk {chunk}"
-        assert len(read) == TRAIN_ITERS * NUM_CHUNKS[layout]
-    if layout in STATIC_COUNTS:
+        assert len(read) == TRAIN_ITERS * num_chunks
+    if case(layout).static_micro_batch_size is not None:
         assert counts == {STATIC_COUNTS[layout]}, counts
         return
     assert len(counts) > 1, f"the plan should change the micro-batch count between steps, got {counts}"

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 from entry import corpus_rows, errors, tiny_gpt_argv, torchrun
 from harness import TRAIN_ITERS
-from scenarios_moe import EXPERTS, MOE_LAYOUTS, OWN_PATH_LAYOUTS
+from registry import names
+from scenarios_moe import EXPERTS
 from train_checks import RTOL, assert_close, assert_trained_like_reference
 
 from megatron_dpsched.data import write_token_jsonl
@@ -28,7 +29,7 @@ from megatron_dpsched.data import write_token_jsonl
 pytestmark = pytest.mark.distributed
 
 
-@pytest.mark.parametrize("layout", sorted(MOE_LAYOUTS))
+@pytest.mark.parametrize("layout", names("moe"))
 def test_moe_trains_like_the_whole_batch_reference(launches, layout: str) -> None:
     (reference,) = launches.get("moe_reference")
     assert_trained_like_reference(launches.get(layout), reference)
@@ -44,7 +45,7 @@ def _logged_key(layout: str) -> str:
     return "mtp_1 loss" if layout.startswith("mtp") else "load_balancing_loss"
 
 
-@pytest.mark.parametrize("layout", sorted(OWN_PATH_LAYOUTS))
+@pytest.mark.parametrize("layout", names("own_path"))
 def test_logged_loss_grads_and_grad_norm_equal_megatrons_own_path(launches, layout: str) -> None:
     results = launches.get(layout)
     key = _logged_key(layout)
@@ -59,7 +60,7 @@ def test_logged_loss_grads_and_grad_norm_equal_megatrons_own_path(launches, layo
             assert_close(scheduled["grads"][step], own[step]["grads"][0], f"rank {rank} step {step} grads")
 
 
-@pytest.mark.parametrize("layout", sorted(OWN_PATH_LAYOUTS))
+@pytest.mark.parametrize("layout", names("own_path"))
 def test_logged_loss_is_not_megatrons_accounting_scale(launches, layout: str) -> None:
     """``training_log`` divides by ``get_num_microbatches()``, the accounting count during a scheduled
     step; unpatched it would log ``logged x M / count`` for a step of ``M`` micro-batches."""

@@ -22,8 +22,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, LaunchResults
 from harness import GLOBAL_BATCH, HOOK_MODE_ENV, PATCHED_MEGATRON_ENV, TRAIN_ITERS
+from registry import REPO, LaunchResults
+from scenarios import PARTIAL_STEP_SAMPLES
 from train_checks import assert_close, merged
 
 from megatron_dpsched.megatron import hooks
@@ -33,14 +34,10 @@ pytestmark = pytest.mark.distributed
 PATCH = REPO / "patches" / "megatron_training_dpsched.patch"
 SCRIPT = REPO / "scripts" / "apply_megatron_patch.sh"
 MARK = "# megatron-dpsched"
-SOURCE_LAUNCHES: dict[str, tuple[int, tuple[str, ...]]] = {
-    "world2": (2, ("dp2", "dp2_precomputed", "pp2_vpp2", "dp2_partial_step")),
-}
+SOURCE_SCENARIOS = ("dp2", "dp2_precomputed", "pp2_vpp2", "dp2_partial_step")
 """Scenarios re-run in source mode: plain DP, a shipped plan with empty micro-batches, interleaved PP,
 and a short trailing step (4 of 8 samples), where the LR/consumed-samples hook changes the count."""
-SOURCE_SCENARIOS = SOURCE_LAUNCHES["world2"][1]
 REFERENCE_SCENARIOS = SOURCE_SCENARIOS[:-1]
-PARTIAL_STEP_SAMPLES = (TRAIN_ITERS - 1) * GLOBAL_BATCH + 4
 
 
 def _installed_training_dir() -> Path:
@@ -75,7 +72,7 @@ def source_launches(tmp_path_factory: pytest.TempPathFactory, patched_megatron: 
     """Launches whose processes import the patched ``training.py`` and never call ``enable()``."""
     python_path = os.pathsep.join(p for p in (str(patched_megatron), os.environ.get("PYTHONPATH", "")) if p)
     env = {HOOK_MODE_ENV: "source", PATCHED_MEGATRON_ENV: str(patched_megatron), "PYTHONPATH": python_path}
-    return LaunchResults(tmp_path_factory.mktemp("dp_schedule_source_launches"), launches=SOURCE_LAUNCHES, env=env)
+    return LaunchResults(tmp_path_factory.mktemp("dp_schedule_source_launches"), env=env, only=SOURCE_SCENARIOS)
 
 
 # --- the patch file and the script -----------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from assertions import assert_invariants
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -44,6 +45,7 @@ def assert_scheduled_once_in_legal_counts(schedule, lengths):
         assert all(len(schedule.rank_step_micro_batches(r, step)) == count for r in range(config.dp_size))
 
 
+@pytest.mark.slow
 @CASES
 @given(sample=plans(), use_costs=st.booleans())
 def test_every_baseline_schedules_every_sample_once_in_legal_counts(sample, use_costs):

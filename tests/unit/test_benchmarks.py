@@ -16,6 +16,7 @@ def _run(script: str, *argv: str, cwd: Path) -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script,argv", [
     ("bench_schedule.py", ["--dp", "8", "--caps", "4096", "--steps", "1", "--samples-per-rank", "8"]),
     ("bench_steptime.py", ["--dp", "8", "--caps", "4096", "--steps", "1", "--samples-per-rank", "8"]),

@@ -4,25 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import random
 
 import pytest
 from assertions import assert_invariants
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from megatron_dpsched import CostModel, DPSchedule, build_dp_schedule
 from megatron_dpsched.core import PipelineLayout, StepTimeModel, rank_forward_times, simulate_rank, simulate_step
 from megatron_dpsched.core.invariants import ScheduleInvariantError
 from megatron_dpsched.core.steptime import slowest_makespan
-
-settings.register_profile(
-    "ci", max_examples=1500, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
-settings.register_profile("dev", max_examples=200, deadline=None)
-settings.register_profile("soak", max_examples=20000, deadline=None)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 TOKENS = StepTimeModel(seconds_per_token=1.0)  # forward = tokens, backward = 2 x forward
 

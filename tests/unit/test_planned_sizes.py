@@ -3,23 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 from assertions import assert_invariants, collated_tokens
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from megatron_dpsched import DPSchedule, ScheduleConfig, build_dp_schedule
 from megatron_dpsched.core import StepTimeModel
 from megatron_dpsched.core.packing import bin_lower_bound, chunk_count, chunk_decreasing, pack_into
-
-settings.register_profile(
-    "ci", max_examples=1500, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
-settings.register_profile("dev", max_examples=200, deadline=None)
-settings.register_profile("soak", max_examples=20000, deadline=None)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 STEP_TIME = StepTimeModel(seconds_per_token=1e-6, seconds_per_token_pair=1e-10, seconds_per_microbatch=1e-4)
 
@@ -67,6 +59,7 @@ def padded_inputs(draw):
     return lengths, kwargs
 
 
+@pytest.mark.slow
 @given(padded_inputs())
 def test_every_collated_micro_batch_fits_the_cap(case):
     lengths, kwargs = case
@@ -75,6 +68,7 @@ def test_every_collated_micro_batch_fits_the_cap(case):
     assert_invariants(schedule, lengths)
 
 
+@pytest.mark.slow
 @given(st.lists(st.integers(1, 64), min_size=1, max_size=7), st.integers(64, 160))
 def test_chunking_is_the_fewest_padded_rows_micro_batches(sizes, cap):
     """The fit test is ``(rows + 1) * max(longest, size) <= cap``; chunking the decreasing sizes is optimal."""

@@ -4,23 +4,15 @@ from __future__ import annotations
 
 import json
 import math
-import os
 
 import pytest
 from assertions import assert_invariants
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from megatron_dpsched import CostModel, DPSchedule, ScheduleConfig, build_dp_schedule
 from megatron_dpsched.baselines import build_baseline_schedule
 from megatron_dpsched.core.packing import best_fit_decreasing
-
-settings.register_profile(
-    "ci", max_examples=1500, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
-settings.register_profile("dev", max_examples=200, deadline=None)
-settings.register_profile("soak", max_examples=20000, deadline=None)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @st.composite
@@ -62,6 +54,7 @@ def maybe_groups(draw, count):
     return draw(st.lists(st.integers(0, max(1, count // 3)), min_size=count, max_size=count))
 
 
+@pytest.mark.slow
 @given(data=st.data(), sample=lengths_and_cap(), layout=layouts())
 def test_dynamic_plans_keep_every_invariant(data, sample, layout):
     lengths, cap = sample
@@ -99,6 +92,7 @@ def _assert_never_more_than_global_first_fit(schedule, lengths, kwargs):
         assert schedule.num_microbatches[step] <= upper
 
 
+@pytest.mark.slow
 @given(data=st.data(), layout=layouts())
 def test_static_plans_keep_every_invariant(data, layout):
     dp = data.draw(st.integers(1, 6))

@@ -76,6 +76,7 @@ def test_blending_follows_the_weights_and_counts_each_dataset(weights) -> None:
         assert abs(index.count(d) - 200 * weights[d] / sum(weights)) <= 1
 
 
+@pytest.mark.slow
 def test_blending_matches_megatrons_helper_where_it_imports() -> None:
     numpy = pytest.importorskip("numpy")
     helpers = pytest.importorskip("megatron.core.datasets.helpers_cpp")

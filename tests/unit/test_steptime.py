@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from megatron_dpsched.core import (
@@ -19,13 +18,6 @@ from megatron_dpsched.core import (
     simulate_step,
     stage_op_order,
 )
-
-settings.register_profile(
-    "ci", max_examples=1500, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
-settings.register_profile("dev", max_examples=200, deadline=None)
-settings.register_profile("soak", max_examples=20000, deadline=None)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 UNIT = StepTimeModel(seconds_per_token=1.0)  # backward_factor 2: every backward is twice its forward
 
@@ -236,6 +228,7 @@ def _dependency(event: StepEvent, *, pp: int, vpp: int) -> tuple[str, int, int] 
     return ("B", event.microbatch, virtual + 1)
 
 
+@pytest.mark.slow
 @given(rank_steps())
 def test_every_stage_runs_megatrons_order_one_op_at_a_time_respecting_dependencies(case):
     shape, times, model, latency = case
@@ -261,6 +254,7 @@ def test_every_stage_runs_megatrons_order_one_op_at_a_time_respecting_dependenci
     assert timeline.makespan == max(e.end for row in timeline.events for e in row)
 
 
+@pytest.mark.slow
 @given(rank_steps())
 def test_makespan_bounds(case):
     shape, times, model, latency = case
@@ -277,6 +271,7 @@ def test_makespan_bounds(case):
         assert timeline.bubble_fraction < 1.0
 
 
+@pytest.mark.slow
 @given(rank_steps(), st.integers(0, 10**6))
 def test_longer_ops_never_shorten_a_step(case, seed):
     shape, times, model, latency = case
@@ -287,6 +282,7 @@ def test_longer_ops_never_shorten_a_step(case, seed):
     assert simulate_rank(times, layout=shape, model=model, p2p_latency=latency + 0.5).makespan >= base
 
 
+@pytest.mark.slow
 @given(st.data(), rank_steps(max_microbatches=12))
 def test_more_overhead_never_shortens_a_step(data, case):
     shape, times, _, latency = case
@@ -300,6 +296,7 @@ def test_more_overhead_never_shortens_a_step(data, case):
     assert dear_time >= cheap_time + (0.2 + 0.2 * 2) / (shape.pp_size * shape.vpp_size) - 1e-9
 
 
+@pytest.mark.slow
 @given(st.lists(st.floats(0, 10, allow_subnormal=False), min_size=1, max_size=30),
        st.sampled_from([0.5, 1.0, 2.0, 3.0]))
 def test_pp1_makespan_is_the_sum_of_forward_and_backward(times, factor):
@@ -309,6 +306,7 @@ def test_pp1_makespan_is_the_sum_of_forward_and_backward(times, factor):
     assert timeline.bubble_fraction == pytest.approx(0.0, abs=1e-12)
 
 
+@pytest.mark.slow
 @given(rank_steps(), st.floats(0.1, 10))
 def test_equal_micro_batches_pay_the_textbook_bubble(case, forward):
     shape, times, model, _ = case
@@ -318,6 +316,7 @@ def test_equal_micro_batches_pay_the_textbook_bubble(case, forward):
     assert timeline.makespan == pytest.approx((count * chunks + pp - 1) * per_op, rel=1e-9)
 
 
+@pytest.mark.slow
 @given(st.data(), rank_steps(max_microbatches=12))
 def test_simulate_step_is_the_slowest_rank(data, case):
     shape, times, model, latency = case
