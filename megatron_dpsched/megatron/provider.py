@@ -1,6 +1,8 @@
 """Turning an existing Megatron training script onto the ``--dp-schedule`` data path.
 
-Three changes to a ``pretrain_gpt.py``-style script::
+Three changes to a ``pretrain_gpt.py``-style script (and optionally
+``megatron_dpsched.options.exit_on_bad_flags(sys.argv[1:], prog=...)`` first: a bad
+``--dp-schedule*`` flag in one line, before Megatron's argument dump; ``docs/checks.md``)::
 
     args = parse_and_validate_args(extra_args_provider=add_dp_schedule_args)   # 1. the flags
     setup_dp_schedule(args)                                                     # 2. validate + hooks
