@@ -331,9 +331,9 @@ class _RaisingParser(argparse.ArgumentParser):
     """Errors raise :class:`OptionError` (one line) instead of printing the usage and exiting."""
 
     def error(self, message: str) -> NoReturn:
-        flag = message.removeprefix("argument ").split(":", 1)[0].split("/")[0] if message.startswith(
-            "argument ") else TRAINING_PREFIX.rstrip("-")
-        raise OptionError(message, option=flag)
+        """``argument --dp-schedule-balance: invalid choice: ...``: ``option`` is the flag the message names."""
+        named = message.removeprefix("argument ").split(":", 1)[0] if message.startswith("argument ") else ""
+        raise OptionError(message, option=named or TRAINING_PREFIX.rstrip("-"))
 
 
 def _pre_parser() -> argparse.ArgumentParser:
