@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -21,13 +22,17 @@ from typing import NoReturn
 from megatron_dpsched.core import DPSchedule, ScheduleConfig, ScheduleInvariantError, StepTimeModel
 from megatron_dpsched.core.cost import CostModelFile
 from megatron_dpsched.core.padding import pad_multiple_for
-from megatron_dpsched.core.validation import ArgumentError
+from megatron_dpsched.core.validation import MAX_TOKENS, ArgumentError
 from megatron_dpsched.options import (
     BY_STEM,
+    GIVEN,
     NOMINAL_FLOPS_PER_GPU,
+    OPTIONS,
     PLAN_PREFIX,
+    Setting,
     add_options,
     add_plan_options,
+    check_setting,
     option_for_field,
     planned_padding,
     resolve_collate_format,
@@ -38,6 +43,7 @@ from megatron_dpsched.whatif.analysis import (
     OURS,
     PlanWarning,
     Simulation,
+    StepComparison,
     WhatIf,
     compare,
     plan_baselines,
@@ -87,7 +93,13 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{PROG}: error: {message} (see '{self.prog} --help')\n")
 
 
-def _number(kind: Callable[[str], float], *, minimum: float, strict: bool) -> Callable[[str], float]:
+MAX_PARALLEL = 2**20
+"""The largest parallel size (``--dp-size``, ``--pp-size``, ``--cp-size`` ...) the what-if tool takes: more
+ranks in one dimension than any cluster has."""
+
+
+def _number(kind: Callable[[str], float], *, minimum: float, strict: bool,
+            maximum: float = math.inf) -> Callable[[str], float]:
     def parse(text: str) -> float:
         try:
             value = kind(text)
@@ -99,12 +111,15 @@ def _number(kind: Callable[[str], float], *, minimum: float, strict: bool) -> Ca
         if value != value or value < minimum or (strict and value == minimum):
             bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
             raise argparse.ArgumentTypeError(f"must be {bound}, got {text!r}")
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum:.0f}, got {text!r}")
         return value
     parse.__name__ = kind.__name__
     return parse
 
 
 POSITIVE = _number(int, minimum=1, strict=False)
+PARALLEL = _number(int, minimum=1, strict=False, maximum=MAX_PARALLEL)
 GREATER_THAN_ZERO = _number(float, minimum=0.0, strict=True)
 
 
@@ -121,7 +136,7 @@ def _caps(text: str) -> tuple[int, ...]:
 
 def _add_layout(plan: argparse.ArgumentParser) -> None:
     group = plan.add_argument_group("layout")
-    group.add_argument("--dp-size", type=POSITIVE, required=True, help="data-parallel ranks")
+    group.add_argument("--dp-size", type=PARALLEL, required=True, help="data-parallel ranks")
     group.add_argument("--global-batch-size", type=POSITIVE, required=True, help="samples per optimizer step")
     batching = group.add_mutually_exclusive_group(required=True)
     (caps,) = add_options(batching, prefix=PLAN_PREFIX, options=[BY_STEM["max-tokens-per-gpu"]],
@@ -130,15 +145,15 @@ def _add_layout(plan: argparse.ArgumentParser) -> None:
     caps.help += " Several caps (4096,8192,16384) compare the caps and recommend one."
     batching.add_argument("--micro-batch-size", type=POSITIVE,
                           help="static batching: samples per micro-batch (no baselines to compare with)")
-    group.add_argument("--pp-size", type=POSITIVE, default=1, help="pipeline-parallel stages (default 1)")
-    group.add_argument("--vpp-size", type=POSITIVE, default=1,
+    group.add_argument("--pp-size", type=PARALLEL, default=1, help="pipeline-parallel stages (default 1)")
+    group.add_argument("--vpp-size", type=PARALLEL, default=1,
                        help="virtual pipeline stages (model chunks) per pipeline rank; > 1: interleaved schedule")
     group.add_argument("--microbatch-group-size-per-vp-stage", "--microbatch-group-size-per-virtual-pipeline-stage",
-                       dest="group_size", type=POSITIVE, metavar="G",
+                       dest="group_size", type=PARALLEL, metavar="G",
                        help="interleaved schedule's group size (default: --pp-size, as in Megatron)")
-    group.add_argument("--cp-size", type=POSITIVE, default=1,
+    group.add_argument("--cp-size", type=PARALLEL, default=1,
                        help="context-parallel ranks sharing each micro-batch (default 1)")
-    group.add_argument("--tp-size", type=POSITIVE, default=1,
+    group.add_argument("--tp-size", type=PARALLEL, default=1,
                        help="tensor-parallel ranks: split every micro-batch's FLOPs in the step-time simulation")
 
 
@@ -246,6 +261,18 @@ def _flag_error(error: ArgumentError) -> ValueError:
     return ValueError(f"{flag}: {error}" if flag else str(error))
 
 
+def _check_options(args: argparse.Namespace) -> None:
+    """Refuse a given option that would not act (training's rule, :func:`~megatron_dpsched.options.check_setting`;
+    the step-time options always act here, the tool times every step) and a token cap ``--max-tokens-per-gpu x
+    --cp-size`` over :data:`~megatron_dpsched.core.validation.MAX_TOKENS`."""
+    values = {option.stem: getattr(args, option.name, option.default) for option in OPTIONS}
+    check_setting(Setting(given=getattr(args, GIVEN, frozenset()), values=values, pp_size=args.pp_size,
+                          prefix=PLAN_PREFIX, pp_flag="--pp-size", times_every_step=True))
+    if args.max_tokens_per_gpu is not None and args.max_tokens_per_gpu * args.cp_size > MAX_TOKENS:
+        raise ValueError(f"--cp-size {args.cp_size}: the token cap --max-tokens-per-gpu x --cp-size = "
+                         f"{args.max_tokens_per_gpu * args.cp_size} is over {MAX_TOKENS}")
+
+
 def _resolve(args: argparse.Namespace) -> argparse.Namespace:
     """The defaults that depend on the run, resolved by training's rules (:mod:`megatron_dpsched.options`)."""
     args.collate_format = resolve_collate_format(args.collate_format)
@@ -254,15 +281,38 @@ def _resolve(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
-def _step_time_model(args: argparse.Namespace, simulation: Simulation) -> StepTimeModel | None:
-    """The simulation's step-time model when dp-schedule plans for the step time (``--objective``, resolved by
-    training's rule), as training builds it."""
-    if args.objective == "micro-batches":
-        return None
+def _timing(args: argparse.Namespace, simulation: Simulation) -> StepTimeModel:
+    """The simulation's step-time model; figures out of range name ``--flops-per-gpu`` (``--microbatch-overhead-ms``
+    is range-checked when parsed, a cost-model file when read)."""
     try:
         return simulation.timing(cp_size=args.cp_size)
-    except ValueError as error:  # --microbatch-overhead-ms is range-checked when parsed
+    except ValueError as error:
         raise ValueError(f"--flops-per-gpu {simulation.flops_per_gpu or 0:g}: {error}") from None
+
+
+def _step_time_model(args: argparse.Namespace, timing: StepTimeModel) -> StepTimeModel | None:
+    """The simulation's step-time model when dp-schedule plans for the step time (``--objective``, resolved by
+    training's rule), as training builds it."""
+    return None if args.objective == "micro-batches" else timing
+
+
+def _check_finite(steps: Sequence[StepComparison], args: argparse.Namespace) -> None:
+    """Refuse simulated step times that would print as ``inf`` or make speedups ``nan`` (0 s), naming the flag
+    whose figure put them there."""
+    times = [row.seconds for step in steps for row in step.strategies.values()]
+    totals = [sum(step.strategies[name].seconds for step in steps) for name in steps[0].strategies] if steps else []
+    bad = [seconds for seconds in (*times, *totals) if not (math.isfinite(seconds) and seconds > 0)]
+    if bad:
+        raise ValueError(f"{_timing_flag(args)}: a simulated step takes {bad[0]:g} seconds with these figures "
+                         "(the model, --microbatch-overhead-ms); give figures that time every step in a finite, "
+                         "positive number of seconds")
+
+
+def _timing_flag(args: argparse.Namespace) -> str:
+    """The flag whose figure sets the simulated times: ``--cost-model FILE`` or ``--flops-per-gpu F``."""
+    if args.cost_model:
+        return f"--cost-model {args.cost_model}"
+    return f"--flops-per-gpu {args.flops_per_gpu or NOMINAL_FLOPS_PER_GPU:g}"
 
 
 def _planned_sizes(args: argparse.Namespace) -> dict[str, object]:
@@ -297,10 +347,11 @@ def _config(args: argparse.Namespace, *, step_time_model: StepTimeModel | None =
 
 
 def _what_if(args: argparse.Namespace) -> tuple[WhatIf, str, str]:
+    _check_options(args)
     lengths, kind = load_sample_lengths(args.input)
     args = _resolve(args)
     simulation, model_source = simulation_from_flags(args)
-    config = _config(args, step_time_model=_step_time_model(args, simulation))
+    config = _config(args, step_time_model=_step_time_model(args, _timing(args, simulation)))
     shown = args.progress or sys.stderr.isatty()
     gbs = config.global_batch_size
     steps = len(lengths) // gbs if config.drop_last else -(-len(lengths) // gbs)
@@ -309,10 +360,14 @@ def _what_if(args: argparse.Namespace) -> tuple[WhatIf, str, str]:
             ours = plan_ours(lengths, config=config, cost_model=simulation.cost_model, tick=bar.update)
         with Progress("baselines", len(BASELINE_NAMES) if config.token_cap else 0, enabled=shown) as bar:
             schedules = {OURS: ours, **plan_baselines(ours, tick=bar.update)}
-        with Progress("simulating", schedules[OURS].num_steps, enabled=shown) as bar:
-            compared = compare(schedules, simulation=simulation, tick=bar.update)
     except ArgumentError as error:
         raise _flag_error(error) from None
+    try:
+        with Progress("simulating", schedules[OURS].num_steps, enabled=shown) as bar:
+            compared = compare(schedules, simulation=simulation, tick=bar.update)
+    except ValueError as error:  # times out of range: a forward time of inf
+        raise ValueError(f"{_timing_flag(args)}: {error}") from None
+    _check_finite(compared, args)
     report = WhatIf(config=config, simulation=simulation, schedules=schedules, steps=compared,
                     warnings=plan_warnings(schedules[OURS]))
     return report, f"{args.input} ({kind})", model_source

@@ -15,11 +15,13 @@ both sides: :func:`resolve_objective`, :func:`resolve_collate_format`, :func:`pl
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib.util
+import math
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from megatron_dpsched.core.config import BALANCE_MODES
 from megatron_dpsched.core.ordering import MICROBATCH_ORDERS
@@ -34,6 +36,7 @@ VERIFY_LEVELS = ("off", "check", "strict")
 COLLATE_FORMATS = ("bshd", "thd")
 OBJECTIVES = ("step-time", "micro-batches")
 CAP_COUNTS = ("padded", "tokens")
+OVER_CAP = ("allow", "warn", "refuse")
 SWITCH = ("on", "off")
 ORDERS = ("auto", *MICROBATCH_ORDERS)
 
@@ -80,6 +83,12 @@ class Option:
     """Placeholder in ``--help``."""
     mirrored: bool = False
     """Whether the ``plan`` what-if tool has it too (as ``--<stem>``, same default, range and choices)."""
+    needs: Callable[[Setting], str | None] | None = None
+    """When the option acts: given the other flags (a :class:`Setting`), why it would not (``"without
+    --dp-schedule-max-tokens-per-gpu"``, naming the flag that decides), or ``None`` when it acts; ``None``:
+    it always acts. A given option that would not act is refused (:func:`check_setting`)."""
+    needs_text: str = ""
+    """When it acts, for the docs (``"with {p}max-tokens-per-gpu"``); set with ``needs``."""
 
     @property
     def name(self) -> str:
@@ -113,6 +122,8 @@ class Option:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or (self.kind is int
                                                                              and not isinstance(value, int)):
             return f"must be {'an integer' if self.kind is int else 'a number'}"
+        if not math.isfinite(value):
+            return "must be a finite number"
         low, high = self.minimum, self.maximum
         if low is not None and high is not None and not low <= value <= high:
             return f"must be between {_number(low)} and {_number(high)}"
@@ -146,6 +157,83 @@ def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
+@dataclass(frozen=True, kw_only=True)
+class Setting:
+    """What decides whether an option acts: the options given and the few layout facts the rules read, from
+    training's flags (:func:`megatron_dpsched.megatron.arguments.setting_from_args`, :func:`check_argv`) or the
+    what-if tool's."""
+
+    given: frozenset[str]
+    """Stems of the options given on the command line."""
+    values: Mapping[str, Any]
+    """Every option's value by stem: the given one, else the row's default."""
+    pp_size: int = 1
+    """Pipeline-parallel stages."""
+    has_model: bool = True
+    """Whether there is a model to time (``--hidden-size`` or a cost-model file)."""
+    prefix: str = TRAINING_PREFIX
+    """The flag prefix of the tool that reads the options (errors name flags with it)."""
+    pp_flag: str = "--pipeline-model-parallel-size"
+    """The flag that sets ``pp_size`` (``--pp-size`` in the what-if tool)."""
+    times_every_step: bool = False
+    """The what-if tool: it times every step of every strategy with the step-time figures, whatever the
+    objective, so the step-time options always act there."""
+
+    def flag(self, stem: str) -> str:
+        """``stem``'s flag in this tool."""
+        return self.prefix + stem
+
+    @property
+    def objective(self) -> str:
+        """The objective these options give (:func:`resolve_objective`)."""
+        values = self.values
+        return resolve_objective(values["objective"], pp_size=self.pp_size, token_cap=values["max-tokens-per-gpu"]
+                                 is not None, balance=values["balance"], has_model=self.has_model)
+
+
+def _needs_token_cap(setting: Setting) -> str | None:
+    if setting.values["max-tokens-per-gpu"] is not None:
+        return None
+    return f"without {setting.flag('max-tokens-per-gpu')} (static batching: no token cap)"
+
+
+def _why_not_step_time(setting: Setting) -> str | None:
+    """The flag that makes the objective ``micro-batches`` (``"--pipeline-model-parallel-size 1"``); ``None``
+    for ``step-time``."""
+    values = setting.values
+    if setting.objective == "step-time":
+        return None
+    if "objective" in setting.given:
+        return f"{setting.flag('objective')} micro-batches"
+    if values["max-tokens-per-gpu"] is None:
+        return f"no {setting.flag('max-tokens-per-gpu')}"
+    if values["balance"] == "none":
+        return f"{setting.flag('balance')} none"
+    return f"{setting.pp_flag} 1" if setting.pp_size == 1 else "no --hidden-size"
+
+
+def _needs_step_time_objective(setting: Setting) -> str | None:
+    if setting.times_every_step:
+        return None
+    if "cost-model" in setting.given:
+        return (f"with {setting.flag('cost-model')}, whose step-time model has its own measured seconds per "
+                "micro-batch")
+    cause = _why_not_step_time(setting)
+    return None if cause is None else (f"with the micro-batches objective ({cause}): it times micro-batches for "
+                                       "the step-time objective only")
+
+
+def _needs_cost_balance_or_step_time(setting: Setting) -> str | None:
+    if setting.times_every_step or setting.values["balance"] == "cost":
+        return None
+    cause = _why_not_step_time(setting)
+    if cause is None:
+        return None
+    balance = f"{setting.flag('balance')} {setting.values['balance']}"
+    objective = "the micro-batches objective" + ("" if cause == balance else f" ({cause})")
+    return f"with {balance} and {objective}: it acts with balance cost or the step-time objective"
+
+
 OPTIONS: tuple[Option, ...] = (
     Option(stem="max-tokens-per-gpu", kind=int, minimum=1, maximum=MAX_TOKENS, metavar="CAP", mirrored=True,
            sets=("ScheduleConfig.max_tokens_per_gpu",), default_text="unset (static batching)",
@@ -156,7 +244,7 @@ OPTIONS: tuple[Option, ...] = (
                 "SwiGLU, MoE and MLA from the model flags, or the {p}cost-model file's measured cost), raw token "
                 "counts (tokens) or nothing (none)."),
     Option(stem="balance-growth", kind=float, default=0.0, minimum=0.0, maximum=10.0, metavar="F", mirrored=True,
-           sets=("ScheduleConfig.balance_growth",),
+           sets=("ScheduleConfig.balance_growth",), needs=_needs_token_cap, needs_text="with {p}max-tokens-per-gpu",
            help="With {p}max-tokens-per-gpu: share (0 to 10) of extra micro-batches per step the planner may spend "
                 "to balance ranks when the token cap keeps them apart (heavy tails at high fill); 0: never more "
                 "than one global packing needs. With the step-time objective it caps the extra micro-batches "
@@ -168,10 +256,15 @@ OPTIONS: tuple[Option, ...] = (
                 "{p}microbatch-overhead-ms per micro-batch; needs {p}max-tokens-per-gpu and balance cost or "
                 "tokens. micro-batches: the fewest micro-batches that balance the ranks."),
     Option(stem="microbatch-overhead-ms", kind=float, default=2.0, minimum=0.0, maximum=1e6, metavar="MS",
-           mirrored=True, sets=("StepTimeModel.seconds_per_microbatch",),
+           mirrored=True, sets=("StepTimeModel.seconds_per_microbatch",), needs=_needs_step_time_objective,
+           needs_text="with the step-time objective and no {p}cost-model (the what-if tool: always, it times every "
+                      "step)",
            help="Step-time objective: fixed forward milliseconds of every micro-batch over the whole model "
                 "(kernel launches, pipeline hand-offs)."),
     Option(stem="cost-model", metavar="FILE", mirrored=True, sets=("CostModelFile",), default_text="unset",
+           needs=_needs_cost_balance_or_step_time,
+           needs_text="with {p}balance cost or the step-time objective (the what-if tool: always, it times every "
+                      "step)",
            help="A cost-model file written by 'megatron-dpsched calibrate' (measured seconds per token, per sum "
                 "of squared lengths and per micro-batch): balance cost balances its per-sample cost instead of "
                 "the FLOPs model, and the step-time objective uses its step-time model instead of the nominal "
@@ -189,7 +282,8 @@ OPTIONS: tuple[Option, ...] = (
                 "any attention backend; rows are padded to the micro-batch's longest sample, which the token cap "
                 "counts: rows x longest, see {p}cap-counts)."),
     Option(stem="cap-counts", choices=CAP_COUNTS, default="padded", mirrored=True,
-           sets=("ScheduleConfig.pad_multiple", "ScheduleConfig.padded_rows"),
+           sets=("ScheduleConfig.pad_multiple", "ScheduleConfig.padded_rows"), needs=_needs_token_cap,
+           needs_text="with {p}max-tokens-per-gpu",
            help="What {p}max-tokens-per-gpu bounds. padded: the collated micro-batch, what memory and compute "
                 "see: every sequence rounded up to the multiple the layout pads to (2 x CP, times TP with "
                 "--sequence-parallel, and a multiple of 16 with --fp8-format, 32 with --fp8-recipe mxfp8 or "
@@ -203,11 +297,96 @@ OPTIONS: tuple[Option, ...] = (
            help="on: plan and collate the next step in one background thread while the current step trains (at "
                 "most one step ahead; errors are raised on the training thread when their micro-batch is due); "
                 "off: both on the training thread. Results are the same either way."),
+    Option(stem="over-cap", choices=OVER_CAP, default="warn", sets=("build_feed's over-cap check",),
+           needs=_needs_token_cap, needs_text="with {p}max-tokens-per-gpu",
+           help="A sample longer than the token cap (its planned size: what {p}cap-counts counts) trains alone in "
+                "a micro-batch over the cap, which may not fit in memory. allow: say nothing; warn: one warning "
+                "per dataset before training (rank 0) with the count, the longest and the first ids; refuse: stop "
+                "before training naming them. Every step's log line and TensorBoard scalars count them either "
+                "way."),
 )
 """The ``--dp-schedule-*`` options (``--dp-schedule`` itself is the switch, :data:`SWITCH_HELP`)."""
 
 BY_STEM: Mapping[str, Option] = {option.stem: option for option in OPTIONS}
 """The rows by stem."""
+
+
+def check_setting(setting: Setting) -> None:
+    """Refuse a given option that would not act under the other flags (its row's ``needs``): an
+    :class:`OptionError` naming the option and the flag that decides."""
+    for option in OPTIONS:
+        if option.needs is not None and option.stem in setting.given:
+            reason = option.needs(setting)
+            if reason is not None:
+                flag = setting.flag(option.stem)
+                raise OptionError(f"{flag} has no effect {reason}; drop it", option=flag)
+
+
+def without_switch(flags: Sequence[str]) -> str:
+    """The error for ``--dp-schedule-*`` options given without ``--dp-schedule``."""
+    return f"{', '.join(flags)} given without --dp-schedule, which they configure; add --dp-schedule or drop them"
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    """Errors raise :class:`OptionError` (one line) instead of printing the usage and exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        """``argument --dp-schedule-balance: invalid choice: ...``: ``option`` is the flag the message names."""
+        named = message.removeprefix("argument ").split(":", 1)[0] if message.startswith("argument ") else ""
+        raise OptionError(message, option=named or TRAINING_PREFIX.rstrip("-"))
+
+
+def _pre_parser() -> argparse.ArgumentParser:
+    """Training's ``--dp-schedule*`` flags and the Megatron flags the ``needs`` rules read, nothing else."""
+    parser = _RaisingParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--dp-schedule", action="store_true")
+    add_options(parser, prefix=TRAINING_PREFIX, unset_defaults=True)
+    for flag in ("--pipeline-model-parallel-size", "--hidden-size", "--yaml-cfg"):
+        parser.add_argument(flag)
+    return parser
+
+
+def check_argv(argv: Sequence[str]) -> None:
+    """Training's ``--dp-schedule*`` flags in ``argv``, checked before Megatron parses (and prints) its own: an
+    unknown one (with the closest known flag), a bad value, options without ``--dp-schedule``, and options that
+    would not act (:func:`check_setting`). Raises :class:`OptionError` naming the flag; Megatron's flags are
+    left to Megatron."""
+    known, rest = _pre_parser().parse_known_args(list(argv))
+    _refuse_unknown(rest)
+    given = {o.stem: getattr(known, o.attribute) for o in OPTIONS if getattr(known, o.attribute) is not None}
+    for stem, value in given.items():
+        BY_STEM[stem].check(value)
+    if not known.dp_schedule:
+        if given:
+            raise OptionError(without_switch([BY_STEM[stem].flag for stem in given]), option=BY_STEM[next(
+                iter(given))].flag)
+        return
+    pp = known.pipeline_model_parallel_size
+    if known.yaml_cfg is not None or (pp is not None and not pp.isdigit()):
+        return  # Megatron reads (or refuses) the layout; validate_dp_schedule_args checks the rest
+    check_setting(Setting(given=frozenset(given), values={o.stem: given.get(o.stem, o.default) for o in OPTIONS},
+                          pp_size=int(pp or 1), has_model=known.hidden_size is not None or "cost-model" in given))
+
+
+def _refuse_unknown(rest: Sequence[str]) -> None:
+    """An unknown ``--dp-schedule-*`` flag among the arguments the option table does not know."""
+    flags = [option.flag for option in OPTIONS]
+    for word in rest:
+        name = word.split("=", 1)[0]
+        if name.startswith(TRAINING_PREFIX) and name not in flags:
+            close = difflib.get_close_matches(name, flags, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]}?" if close else "; see docs/options.md"
+            raise OptionError(f"unknown option {name}{hint}", option=name)
+
+
+def exit_on_bad_flags(argv: Sequence[str], *, prog: str) -> None:
+    """:func:`check_argv`, for an entry point's first line: a bad flag prints ``<prog>: error: ...`` (one line,
+    before Megatron's argument dump) and exits with status 2."""
+    try:
+        check_argv(argv)
+    except OptionError as error:
+        print(f"{prog}: error: {' '.join(str(error).split())}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def option_for_field(field: str) -> Option | None:
@@ -222,14 +401,29 @@ def default_text(option: Option) -> str:
     return f"{option.default:g}" if isinstance(option.default, float) else str(option.default)
 
 
+GIVEN = "given_options"
+"""The what-if tool's namespace attribute: the stems of the options given (:class:`_StoreGiven`)."""
+
+
+class _StoreGiven(argparse.Action):
+    """``store``, and the option's stem added to ``namespace.given_options`` (the defaults are the table's, so a
+    given option cannot be told from an unset one by its value)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(namespace, GIVEN, getattr(namespace, GIVEN, frozenset()) | {self.dest.replace("_", "-")})
+
+
 def add_options(group: Any, *, prefix: str, options: Iterable[Option] = OPTIONS,
                 unset_defaults: bool) -> list[argparse.Action]:
     """Add ``options`` to an ``argparse`` group as ``<prefix><stem>`` and return their actions;
     ``unset_defaults``: every default is ``None`` (training tells a given option from an unset one), else the
-    table's default."""
+    table's default (and the stems given are recorded in the namespace's ``given_options``)."""
     return [
         group.add_argument(option.flag_in(prefix), dest=option.attribute if prefix == TRAINING_PREFIX
                            else option.name, default=None if unset_defaults else option.default,
+                           action="store" if unset_defaults else _StoreGiven,
                            type=option.kind if prefix == TRAINING_PREFIX else _checked(option),
                            choices=option.choices, metavar=option.metavar,
                            help=f"{option.help_in(prefix)} Default: {default_text(option)}.")
@@ -304,8 +498,16 @@ def markdown() -> str:
         plan = f"`{option.flag_in(PLAN_PREFIX)}`" if option.mirrored else "-"
         lines.append(f"| `{option.flag}` | {plan} | {_values(option)} | {_cell(default_text(option))} | "
                      f"{', '.join(f'`{field}`' for field in option.sets)} | "
-                     f"{_cell(option.help_in(TRAINING_PREFIX))} |")
+                     f"{_cell(_described(option))} |")
     return "\n".join(lines) + "\n"
+
+
+def _described(option: Option) -> str:
+    """The help text, and when the option acts (refused otherwise)."""
+    text = option.help_in(TRAINING_PREFIX)
+    if not option.needs_text:
+        return text
+    return f"{text} Acts only {option.needs_text.format(p=TRAINING_PREFIX)}; refused otherwise."
 
 
 def _values(option: Option) -> str:

@@ -72,6 +72,7 @@ from megatron_dpsched.megatron import (  # noqa: E402
     setup_dp_schedule,
 )
 from megatron_dpsched.megatron.step_stats import StepRecorder, write_plan  # noqa: E402
+from megatron_dpsched.options import exit_on_bad_flags  # noqa: E402
 
 DRY_RUN_FLAG = "--cpu-dry-run"
 _state: dict[str, Any] = {}
@@ -401,6 +402,7 @@ def _data_iterators(num_chunks: int) -> tuple[Any, Any]:
 
 
 def main() -> None:
+    exit_on_bad_flags(sys.argv[1:], prog=Path(sys.argv[0]).name)  # one line, before Megatron's argument dump
     dry_run = DRY_RUN_FLAG in sys.argv[1:]
     try:
         args = parse_arguments(dry_run)

@@ -13,6 +13,7 @@ samples it yields, so the planner sees their true lengths without reading token 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -56,6 +57,7 @@ class BlendedDataset:
         self.weights = tuple(float(w) for w in weights)
         self.dataset_index, self.sample_index = blending_indices(self.weights, size)
         self._check_draws(repeat=repeat, flag=flag)
+        self._warn_undrawn(flag=flag)
         sizes = [len(d) for d in self.datasets]
         self.lengths = [self.datasets[d].lengths[k % sizes[d]]
                         for d, k in zip(self.dataset_index, self.sample_index)]
@@ -72,6 +74,16 @@ class BlendedDataset:
                     f"{flag}: the blend of {len(self.dataset_index)} samples draws {drawn} from "
                     f"{getattr(dataset, 'path', d)} (share {share:.3g}), which holds {len(dataset)}; give more data, "
                     f"other weights or fewer iterations, or --dataloader-type cyclic to read it again")
+
+    def _warn_undrawn(self, *, flag: str) -> None:
+        """A component the blend draws no sample from (its weight too small for ``size``): a warning naming it,
+        as Megatron's blend allows it."""
+        drawn = set(self.dataset_index)
+        for d, dataset in enumerate(self.datasets):
+            if d not in drawn:
+                warnings.warn(f"{flag}: the blend of {len(self.dataset_index)} samples draws none from "
+                              f"{getattr(dataset, 'path', d)} (share {self.weights[d] / sum(self.weights):.3g})",
+                              UserWarning, stacklevel=3)
 
     def __len__(self) -> int:
         return len(self.dataset_index)
@@ -121,9 +133,22 @@ def split_and_blend(values: Sequence[str], *, flag: str, open_dataset: Callable[
         if not kept:
             out.append(None)
             continue
+        if weights is not None and len(kept) < len(parts):
+            _refuse_empty_part(parts, flag=flag, role=role)
         kept_weights = None if weights is None else [w for _, w in kept]
         out.append(blend([p for p, _ in kept], weights=kept_weights, size=size, repeat=repeat, flag=flag))
     return out
+
+
+def _refuse_empty_part(parts: Sequence[Any], *, flag: str, role: int) -> None:
+    """A weighted component with no sample in a split the others fill: the blend would silently leave it out."""
+    empty = next(part for part in parts if not len(part))
+    source = getattr(empty.dataset, "path", None) or empty.path
+    raise ValueError(
+        f"{flag}: {source} has no sample in the {SPLIT_NAMES[role]} split ({len(empty.dataset)} samples, "
+        f"{SPLIT_NAMES[role]} range {empty.indices.start}:{empty.indices.stop}) while the blend gives it a weight: "
+        f"the {SPLIT_NAMES[role]} data would be the other datasets alone; give it more samples, another --split, "
+        "or blend that split with --train/valid/test-data-path")
 
 
 def _parts(whole: list[Any], prefixes: Sequence[str], *, role: int, split: Sequence[float] | None) -> list | None:

@@ -33,8 +33,8 @@ def parse_blend(values: Sequence[str], *, flag: str) -> tuple[tuple[str, ...], t
 
     As Megatron's ``get_blend_from_list``: an even-length list whose every other entry is a
     number is weights and prefixes, anything else is prefixes alone. Raises ``ValueError``
-    naming ``flag`` for an empty list, a list mixing weights and prefixes, or a weight that is
-    not a finite number > 0.
+    naming ``flag`` for an empty list, a list mixing weights and prefixes, a weight that is
+    not a finite number > 0, or weights whose sum overflows (``1e308 a 1e308 b``).
     """
     items = [str(value).strip() for value in values or ()]
     if not items or not all(items):
@@ -49,6 +49,9 @@ def parse_blend(values: Sequence[str], *, flag: str) -> tuple[tuple[str, ...], t
     bad = [w for w in weights if not (math.isfinite(w) and w > 0)]
     if bad:
         raise ValueError(f"{flag}: every weight must be a finite number > 0; got {bad[0]}")
+    if not math.isfinite(sum(weights)):
+        raise ValueError(f"{flag}: the weights must have a finite sum (they are normalized by it); got "
+                         f"{', '.join(items[0::2])}")
     return tuple(items[1::2]), tuple(float(w) for w in weights)
 
 

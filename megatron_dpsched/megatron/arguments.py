@@ -37,10 +37,13 @@ from megatron_dpsched.options import (
     SWITCH_HELP,
     TRAINING_PREFIX,
     OptionError,
+    Setting,
     add_options,
+    check_setting,
     option_for_field,
     planned_padding,
     resolve_collate_format,
+    without_switch,
 )
 from megatron_dpsched.options import counts_padding as counts_padding_rule
 from megatron_dpsched.options import resolve_objective as objective_rule
@@ -126,6 +129,7 @@ def validate_dp_schedule_args(args: Any) -> None:
         _refuse_options_without_dp_schedule(args)
         return
     _check_values(args)
+    check_setting(setting_from_args(args))
     _check_token_cap(options, args)
     _check_pipeline_layout(args)
     _refuse_conflicts(args)
@@ -156,20 +160,26 @@ def _check_values(args: Any) -> None:
             option.check(value)
 
 
+def setting_from_args(args: Any) -> Setting:
+    """What decides whether each given option acts (:class:`~megatron_dpsched.options.Setting`), from Megatron's
+    ``args``."""
+    given = {option.stem: getattr(args, option.attribute) for option in OPTIONS
+             if getattr(args, option.attribute, None) is not None}
+    return Setting(given=frozenset(given), values={o.stem: given.get(o.stem, o.default) for o in OPTIONS},
+                   pp_size=getattr(args, "pipeline_model_parallel_size", 1) or 1,
+                   has_model=getattr(args, "hidden_size", None) is not None or "cost-model" in given)
+
+
 def _refuse_options_without_dp_schedule(args: Any) -> None:
     given = [flag_of(attribute) for attribute in OPTION_DEFAULTS if getattr(args, attribute, None) is not None]
     if given:
-        raise ValueError(f"{', '.join(given)} given without --dp-schedule, which they configure; add "
-                         f"--dp-schedule or drop them")
+        raise OptionError(without_switch(given), option=given[0])
 
 
 def _check_token_cap(options: DPScheduleOptions, args: Any) -> None:
     cap = options.max_tokens_per_gpu
     if cap is None:
-        if options.balance_growth:
-            raise ValueError("--dp-schedule-balance-growth needs --dp-schedule-max-tokens-per-gpu: static "
-                             "batching (--micro-batch-size) has a fixed micro-batch count to grow from")
-        return
+        return  # the options that need a cap are refused without one (check_setting)
     if args.micro_batch_size != 1:
         raise ValueError(
             "--dp-schedule-max-tokens-per-gpu plans micro-batches by tokens; --micro-batch-size "
@@ -345,11 +355,7 @@ def step_time_model_from_args(args: Any, options: DPScheduleOptions) -> StepTime
         return None
     overhead = BY_STEM["microbatch-overhead-ms"].check(options.microbatch_overhead_ms)
     measured = cost_model_file_from_args(options)
-    if measured is not None:
-        if getattr(args, "dp_schedule_microbatch_overhead_ms", None) is not None:
-            raise OptionError("--dp-schedule-microbatch-overhead-ms cannot be combined with --dp-schedule-cost-model, "
-                              "whose step-time model has its own measured seconds per micro-batch",
-                              option="--dp-schedule-microbatch-overhead-ms")
+    if measured is not None:  # with --dp-schedule-microbatch-overhead-ms given: refused by check_setting
         return measured.step_time_model()
     if getattr(args, "hidden_size", None) is None:
         raise OptionError("--dp-schedule-objective: step-time needs the model's --hidden-size, --num-layers and "

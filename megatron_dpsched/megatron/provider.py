@@ -1,6 +1,8 @@
 """Turning an existing Megatron training script onto the ``--dp-schedule`` data path.
 
-Three changes to a ``pretrain_gpt.py``-style script::
+Three changes to a ``pretrain_gpt.py``-style script (and optionally
+``megatron_dpsched.options.exit_on_bad_flags(sys.argv[1:], prog=...)`` first: a bad
+``--dp-schedule*`` flag in one line, before Megatron's argument dump; ``docs/checks.md``)::
 
     args = parse_and_validate_args(extra_args_provider=add_dp_schedule_args)   # 1. the flags
     setup_dp_schedule(args)                                                     # 2. validate + hooks
@@ -32,6 +34,7 @@ from megatron_dpsched.megatron.arguments import (
 )
 from megatron_dpsched.megatron.collate import CollateConfig, require_padding_agreement
 from megatron_dpsched.megatron.feeds import ScheduledDatasetLoader
+from megatron_dpsched.over_cap import find_over_cap, over_cap_notice
 
 DatasetsProvider = Callable[..., tuple[Any, Any, Any]]
 
@@ -139,6 +142,8 @@ def build_feed(
     if role != "train":
         kwargs["global_batch_size"] = getattr(args, "eval_global_batch_size", None) or args.global_batch_size
     options = DPScheduleOptions.from_args(args)
+    _check_over_cap(lengths if order.cyclic or num_samples is None else lengths[:num_samples], kwargs=kwargs,
+                    policy=options.over_cap, role=role)
     collate = collate_config_from_args(args)
     require_padding_agreement(pad_multiple=kwargs["pad_multiple"], padded_rows=kwargs["padded_rows"], collate=collate,
                               counts_padding=counts_padding(options))
@@ -192,6 +197,20 @@ def _warn_if_nothing_was_loaded(args: Any) -> None:
     if nothing and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
         print(f"dp-schedule: WARNING: --load {args.load} was given but no checkpoint was loaded (iteration 0); "
               f"training starts from scratch at step 0", flush=True)
+
+
+def _check_over_cap(lengths: Sequence[int], *, kwargs: dict[str, Any], policy: str, role: str) -> None:
+    """``--dp-schedule-over-cap``: before training, warn about (on rank 0) or refuse the samples over the token cap
+    among those training will read (:func:`~megatron_dpsched.over_cap.over_cap_notice`)."""
+    if kwargs["max_tokens_per_gpu"] is None or policy == "allow":
+        return
+    import torch
+
+    over = find_over_cap(lengths, token_cap=kwargs["max_tokens_per_gpu"] * kwargs["cp_size"],
+                         pad_multiple=kwargs["pad_multiple"])
+    notice = over_cap_notice(over, policy=policy, dataset=role)
+    if notice is not None and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
+        print(notice, flush=True)
 
 
 def _check_size(role: str, available: int, needed: int | None, *, args: Any) -> None:

@@ -13,6 +13,8 @@ when Megatron has a W&B writer), and the last rank prints one line every
 * ``padding``: share of the collated positions that are padding (``bshd`` pads
   rows to the micro-batch's longest sample, ``thd`` each sample to the pad multiple);
 * ``empty-micro-batches``: zero-weight dummies over all ranks;
+* ``over-cap-samples`` / ``over-cap-longest``: with a token cap, the step's samples over the cap (each trains
+  alone in a micro-batch over it; ``--dp-schedule-over-cap``) and the longest of them in tokens (0 if none);
 * ``plan-seconds``: this rank's wall time planning the step;
 * ``tokens-per-second``: the step's real tokens over the wall time since the
   previous logged iteration's end (text log only).
@@ -26,6 +28,7 @@ from typing import Any
 
 from megatron_dpsched.megatron.collate import CollateConfig
 from megatron_dpsched.megatron.feeds import StepBatches
+from megatron_dpsched.over_cap import step_over_cap
 
 PREFIX = "dp-schedule/"
 _last_time: list[float] = []
@@ -48,6 +51,9 @@ def step_figures(step: StepBatches, collate: CollateConfig) -> dict[str, float]:
     stats = plan.step_stats(step.plan_step)
     batches = [mb for rank in range(plan.dp_size) for mb in plan.rank_step_micro_batches(rank, step.plan_step)]
     positions = sum(padded_positions([plan.lengths[i] for i in mb], collate) for mb in batches)
+    over = step_over_cap(plan.lengths, [i for mb in batches for i in mb], token_cap=plan.config.token_cap,
+                         pad_multiple=plan.config.pad_multiple)
+    over_cap = {} if over is None else {"over-cap-samples": over.count, "over-cap-longest": over.longest}
     return {
         "micro-batches": stats.num_microbatches,
         "tokens-per-rank-min": min(stats.rank_tokens),
@@ -57,6 +63,7 @@ def step_figures(step: StepBatches, collate: CollateConfig) -> dict[str, float]:
         "token-imbalance": stats.token_imbalance,
         "padding": 1.0 - stats.tokens / positions,
         "empty-micro-batches": stats.empty_microbatches,
+        **over_cap,
         "plan-seconds": step.plan_seconds,
     }
 
@@ -92,10 +99,12 @@ def _write(figures: dict[str, float], *, writer: Any, wandb: Any, iteration: int
 def _text(step: StepBatches, figures: dict[str, float], seconds: float | None) -> str:
     tokens = figures["tokens-per-rank-mean"] * step.plan.dp_size
     rate = f" | tokens/s {tokens / seconds:,.0f}" if seconds else ""
+    over = (f" | over cap {figures['over-cap-samples']} (longest {figures['over-cap-longest']})"
+            if "over-cap-samples" in figures else "")
     return (f" dp-schedule step {step.step}: micro-batches per rank {figures['micro-batches']} | "
             f"tokens per rank min/mean/max {figures['tokens-per-rank-min']}/{figures['tokens-per-rank-mean']:.0f}/"
             f"{figures['tokens-per-rank-max']} | imbalance {figures['imbalance']:.3f} | padding "
-            f"{figures['padding']:.1%} | empty micro-batches {figures['empty-micro-batches']} | plan "
+            f"{figures['padding']:.1%} | empty micro-batches {figures['empty-micro-batches']}{over} | plan "
             f"{figures['plan-seconds'] * 1e3:.1f} ms{rate}")
 
 

@@ -9,7 +9,7 @@ from dataclasses import fields
 from typing import Any
 
 from megatron_dpsched.core.cost import COST_MODEL_FILE_FORMAT, CostModel, CostModelFile
-from megatron_dpsched.options import BY_STEM, NOMINAL_FLOPS_PER_GPU
+from megatron_dpsched.options import GIVEN, NOMINAL_FLOPS_PER_GPU
 from megatron_dpsched.whatif.analysis import Simulation
 
 DEFAULT_MODEL = CostModel(
@@ -119,9 +119,8 @@ def _combined_with_cost_model(args: Any) -> list[str]:
 
 
 def _overhead_given(args: Any) -> float | None:
-    """``--microbatch-overhead-ms`` when it differs from its default (the table's, as in training)."""
-    default = BY_STEM["microbatch-overhead-ms"].default
-    return None if args.microbatch_overhead_ms == default else args.microbatch_overhead_ms
+    """``--microbatch-overhead-ms`` when given on the command line (the parser records the stems given)."""
+    return args.microbatch_overhead_ms if "microbatch-overhead-ms" in getattr(args, GIVEN, ()) else None
 
 
 def describe_model(model: CostModel) -> str:

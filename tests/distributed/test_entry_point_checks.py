@@ -29,7 +29,7 @@ def _argv(corpus: Path, *extra: str, train_iters: int = 2) -> list[str]:
     (("--dp-schedule", "--dp-schedule-max-tokens-per-gpu", "48", "--dp-schedule-balance-growth", "50"),
      "--dp-schedule-balance-growth must be between 0 and 10; got 50.0"),
     (("--dp-schedule", "--dp-schedule-balance-growth", "0.5"),
-     "--dp-schedule-balance-growth needs --dp-schedule-max-tokens-per-gpu"),
+     "--dp-schedule-balance-growth has no effect without --dp-schedule-max-tokens-per-gpu"),
     (("--dp-schedule", "--dp-schedule-max-tokens-per-gpu", "0"),
      "--dp-schedule-max-tokens-per-gpu must be between 1 and 2147483647; got 0"),
 ])

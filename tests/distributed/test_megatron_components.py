@@ -164,7 +164,7 @@ def test_plain_megatron_arguments_pass_without_the_switch() -> None:
 @pytest.mark.parametrize(("extra", "token_cap", "message"), [
     (("--dp-schedule-balance-growth", "50"), True, "--dp-schedule-balance-growth must be between 0 and 10"),
     (("--dp-schedule-balance-growth", "0.5"), False,
-     "--dp-schedule-balance-growth needs --dp-schedule-max-tokens-per-gpu"),
+     "--dp-schedule-balance-growth has no effect without --dp-schedule-max-tokens-per-gpu"),
     (("--dp-schedule-max-tokens-per-gpu", str(2**31)), True,
      "--dp-schedule-max-tokens-per-gpu must be between 1 and 2147483647; got 2147483648"),
 ])

@@ -140,3 +140,56 @@ def test_groups_are_permuted_as_units_and_stay_whole() -> None:
 def test_split_with_signs_exponents_or_malformed_numbers_is_refused_naming_the_flag(text: str) -> None:
     with pytest.raises(ValueError, match="--split takes up to three non-negative shares"):
         parse_split(text)
+
+
+@pytest.mark.parametrize("values", [
+    ["1e308", "a", "1e308", "b", "1", "c"],
+    ["1.7e308", "a", "1.7e308", "b"],
+])
+def test_blend_weights_must_have_a_finite_sum(values) -> None:
+    with pytest.raises(ValueError, match=r"^--data-path: the weights must have a finite sum .*; got 1"):
+        parse_blend(values, flag="--data-path")
+    assert parse_blend(["1e307", "a", "1e307", "b"], flag="--data-path")[1] == (1e307, 1e307)
+
+
+class _Lengths:
+    """A dataset of ``count`` samples (``lengths`` only) named ``path``."""
+
+    def __init__(self, path: str, count: int) -> None:
+        self.path, self.lengths = path, [1 + i % 7 for i in range(count)]
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+
+def _split_and_blend(values: list[str], *, counts: dict[str, int], split: str, sizes: list) -> list:
+    from megatron_dpsched.data.compose import split_and_blend
+
+    datasets = {name: _Lengths(name, count) for name, count in counts.items()}
+    return split_and_blend(values, flag="--data-path", open_dataset=datasets.__getitem__, split=parse_split(split),
+                           sizes=sizes, repeat=True)
+
+
+def test_a_weighted_component_empty_in_a_split_is_refused_naming_it_and_the_split() -> None:
+    # B's 3 samples: train 0:3 (round(0.9 x 3) = 3), validation 3:3, nothing
+    with pytest.raises(ValueError, match=r"^--data-path: B.jsonl has no sample in the valid split \(3 samples, "
+                                         r"valid range 3:3\) while the blend gives it a weight"):
+        _split_and_blend(["0.5", "A.jsonl", "0.5", "B.jsonl"], counts={"A.jsonl": 100, "B.jsonl": 3},
+                         split="90,10,0", sizes=[10, 4, 0])
+    train, valid, _ = _split_and_blend(["0.5", "A.jsonl", "0.5", "B.jsonl"], counts={"A.jsonl": 100, "B.jsonl": 30},
+                                       split="90,10,0", sizes=[10, 4, 0])
+    assert set(valid.dataset_index) == {0, 1} and len(train) == 10
+    # without weights Megatron weighs by size: an empty part weighs 0, as before
+    _, unweighted, _ = _split_and_blend(["A.jsonl", "B.jsonl"], counts={"A.jsonl": 100, "B.jsonl": 3},
+                                        split="90,10,0", sizes=[10, 4, 0])
+    assert unweighted.path == "A.jsonl[90:100] (valid split)"  # B left out, as before
+
+
+def test_a_component_the_blend_draws_nothing_from_is_a_warning_naming_it() -> None:
+    from megatron_dpsched.data.compose import BlendedDataset
+
+    a, b, c = _Lengths("A.jsonl", 100), _Lengths("B.jsonl", 100), _Lengths("C.jsonl", 100)
+    with pytest.warns(UserWarning, match=r"^--data-path: the blend of 4 samples draws none from C.jsonl "
+                                         r"\(share 0.001\)") as caught:
+        blended = BlendedDataset([a, b, c], weights=[998, 1, 1], size=4, repeat=False)
+    assert blended.dataset_index == [0, 1, 0, 0] and len(caught) == 1
