@@ -57,6 +57,7 @@ OPTION_DEFAULTS: dict[str, Any] = {
     "dp_schedule_cost_model": None,
     "dp_schedule_prefetch": "on",
     "dp_schedule_cap_counts": "padded",
+    "dp_schedule_allow_changed_resume": False,  # option-table: read by job_checks.check_resume, not a plan option
 }
 """What each ``--dp-schedule-*`` option means when it is not given (the parser's defaults are ``None``, so
 a given option can be told from an unset one)."""
@@ -208,6 +209,10 @@ def add_dp_schedule_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
                             "with --fp8-format, 32 with --fp8-recipe mxfp8 or --fp4-format), and with the bshd "
                             "layout the row count times the longest row. tokens: real tokens only (the collated "
                             "tensor can exceed the cap; bshd by several times).")
+    # option-table: --dp-schedule-allow-changed-resume (run-time; job_checks.check_resume reads it)
+    group.add_argument("--dp-schedule-allow-changed-resume", action="store_true", default=None,
+                       help="Resume a checkpoint whose data or --dp-schedule options differ from this job's "
+                            "(logged); without it such a resume fails naming what changed.")
     return parser
 
 

@@ -20,6 +20,7 @@ LAUNCHES: dict[str, tuple[int, tuple[str, ...]]] = {
                    "pp2_vpp2_static", "dp_mismatch", "lying_shorter", "lying_longer", "lying_shipped_plan",
                    "dp2_ranks_reordered", "dp2_ranks_larger", "pp2_ranks_reordered", "nan_loss")),
     "world4": (4, ("dp2_pp2",)),
+    "agree2": (2, ("dp2_ranks_content",)),
     "world1": (1, ("reference",)),
     "layouts2": (2, ("thd_dp2", "bshd_dp2_rope", "thd_pp2", "thd_pp2_vpp2", "thd_tp2_sp", "tp2", "tp2_sp",
                      "cp2_bshd", "cp2_thd", "dp2_distributed_optimizer", "dp2_bf16")),
