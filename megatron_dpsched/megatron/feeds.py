@@ -156,7 +156,11 @@ class StepFeed(ABC):
     def content_digest(self, sample_ids: Sequence[int]) -> int:
         """63-bit digest of the token ids of ``sample_ids``, in this order (:func:`sample_digest` of each, as
         :meth:`load_sample` reads it): ranks that plan the same lengths from other content disagree."""
-        return fold_digests(0, [sample_digest(self.load_sample(sample_id)) for sample_id in sample_ids])
+        return fold_digests(0, [self._sample_digest(sample_id) for sample_id in sample_ids])
+
+    def _sample_digest(self, sample_id: int) -> int:
+        """:func:`sample_digest` of the loaded sample (a feed may take it cheaper from its dataset)."""
+        return sample_digest(self.load_sample(sample_id))
 
     def begin_step(self) -> StepBatches:
         """Advance to the next step and rewind every chunk iterator to its first micro-batch."""
@@ -451,6 +455,9 @@ class ScheduledDatasetLoader(StepFeed):
         if not is_int(rank) or not 0 <= rank < self.config.dp_size:
             raise ValueError(f"rank {rank!r} is outside dp_size={self.config.dp_size}")
         self._get = _sample_getter(dataset)
+        self._stored_digest = getattr(dataset, "sample_digest", None)
+        """The dataset's own 64-bit digest of a sample as stored (``None`` where it has none), e.g. of a JSONL
+        line, which is cheaper than parsing it for :func:`sample_digest`."""
         self.lengths = require_lengths(lengths, name=f"{type(dataset).__name__}.lengths")
         self.order = SampleOrder(len(self.lengths)) if order is None else order
         if self.order.num_samples != len(self.lengths):
@@ -482,6 +489,10 @@ class ScheduledDatasetLoader(StepFeed):
 
     def planned_length(self, sample_id: int) -> int:
         return self.lengths[sample_id]
+
+    def _sample_digest(self, sample_id: int) -> int:
+        stored = None if self._stored_digest is None else self._stored_digest(sample_id)
+        return super()._sample_digest(sample_id) if stored is None else stored
 
     def plan_step_at(self, consumed_samples: int) -> tuple[StepBatches, DPSchedule]:
         """The step that starts after ``consumed_samples`` samples (this rank's part, and the plan)."""

@@ -145,3 +145,30 @@ def test_a_resume_with_other_data_fails_naming_it_unless_allowed(corpora, checkp
     assert "with changes (--dp-schedule-allow-changed-resume): data paths:" in warning
     assert str(second) in warning
     assert "iteration        4/       4" in log
+
+
+def test_step_fingerprints_cover_content_through_the_stored_lines(tmp_path: Path) -> None:
+    """A JSONL corpus and its reversed copy (every row 21 tokens): the same plans, other fingerprints; the
+    stored-line digest and the parsed-tensor digest both see the order."""
+    from megatron_dpsched.data import open_corpus
+    from megatron_dpsched.data.compose import SubsetDataset
+    from megatron_dpsched.megatron.feeds import ScheduledDatasetLoader
+
+    def feed(rows: list[list[int]], *, wrap: bool) -> ScheduledDatasetLoader:
+        corpus = open_corpus(write_token_jsonl(tmp_path / f"{len(list(tmp_path.iterdir()))}.jsonl", rows))
+        data = SubsetDataset(corpus, range(len(corpus)), name="all") if wrap else corpus
+        return ScheduledDatasetLoader(data, lengths=data.lengths, rank=0,
+                                      schedule_kwargs={"dp_size": 2, "global_batch_size": 8, "max_tokens_per_gpu": 48})
+
+    forward, backward = feed(_rows(), wrap=False), feed(_rows()[::-1], wrap=True)
+    plans = [f.plan_step_at(8) for f in (forward, backward)]
+    assert plans[0][0].micro_batches == plans[1][0].micro_batches
+    assert plans[0][1].step_fingerprint(0, first_sample=8) == plans[1][1].step_fingerprint(0, first_sample=8)
+    assert plans[0][0].fingerprint != plans[1][0].fingerprint and plans[0][0].content != plans[1][0].content
+    again = feed(_rows(), wrap=True)
+    assert again.plan_step_at(8)[0].fingerprint == plans[0][0].fingerprint, "wrapping changes no digest"
+    parsed = ScheduledDatasetLoader(lambda i: again.load_sample(i), lengths=again.lengths, rank=0,
+                                    schedule_kwargs={"dp_size": 2, "global_batch_size": 8, "max_tokens_per_gpu": 48})
+    swapped = ScheduledDatasetLoader(lambda i: again.load_sample(ROWS - 1 - i), lengths=again.lengths, rank=0,
+                                     schedule_kwargs={"dp_size": 2, "global_batch_size": 8, "max_tokens_per_gpu": 48})
+    assert parsed.plan_step_at(8)[0].fingerprint != swapped.plan_step_at(8)[0].fingerprint
