@@ -304,6 +304,11 @@ OPTIONS: tuple[Option, ...] = (
                 "per dataset before training (rank 0) with the count, the longest and the first ids; refuse: stop "
                 "before training naming them. Every step's log line and TensorBoard scalars count them either "
                 "way."),
+    Option(stem="changed-resume", choices=("refuse", "allow"), default="refuse",
+           sets=("job_checks.check_resume",),
+           help="A resume (--load) whose data or --dp-schedule options differ from what the checkpoint was saved "
+                "with (its dp_schedule_state.json): refuse: stop before training naming each change; allow: log "
+                "the changes as a warning and train on."),
 )
 """The ``--dp-schedule-*`` options (``--dp-schedule`` itself is the switch, :data:`SWITCH_HELP`)."""
 

@@ -12,7 +12,13 @@ Prints, best of ``--repeats`` on this machine:
   padded vocabulary, the planned length; every sample, always on), next to what loading and collating a
   sample costs (packed thd, rank 0's micro-batches of the step, the collated-size check included);
 * the cross-rank agreement (one two-integer all-reduce per step) on 2 and 4 gloo processes on
-  this machine, median over 200 steps, next to an empty ``barrier`` for scale.
+  this machine, median over 200 steps, next to an empty ``barrier`` for scale;
+* the content digest folded into every step's fingerprint: per 4k-token sample (hashing only, and
+  reading + hashing a JSONL row), and per step of the demo (``scripts/demo.py``'s corpus and global
+  batch: every rank digests every sample of the step), next to planning the step without it;
+* the job agreement at start-up: the job identity of the demo's arguments (data checksums
+  included; a 1 GiB file is checksummed by sampled blocks) and its exchange (one all-reduce of
+  2 x 7 integers) on the gloo processes.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ from megatron_dpsched import build_dp_schedule  # noqa: E402
 AGREEMENT_STEPS = 200
 VOCAB = 50304
 """The padded vocabulary the sample check bounds token ids by (GPT-2's, padded to a multiple of 128)."""
+DEMO_GLOBAL_BATCH, DEMO_SCALE, DEMO_STEPS, DEMO_DP, DEMO_CAP = 32, 4.0, 10, 2, 160
+"""``scripts/demo.py``'s defaults: global batch, length scale, steps, data-parallel ranks, token cap."""
 
 
 def best_of(repeats: int, run: Callable[[], object]) -> float:
@@ -100,30 +108,88 @@ def _agreement_worker(rank: int, world_size: int, init_file: str, out: str) -> N
     class _Feed:
         name = "bench"
 
+    from megatron_dpsched.job_identity import FIELDS, JobIdentity
+    from megatron_dpsched.megatron.job_checks import agree_on_job
+
+    identity = JobIdentity(fields=tuple((name, f"{name} of the job") for name in FIELDS))
     step = StepBatches(step=0, micro_batches=((),), num_samples=1, fingerprint=12345)
-    timings = {"agree": [], "barrier": []}
+    timings = {"agree": [], "barrier": [], "job": []}
     for index in range(AGREEMENT_STEPS + 20):
-        for name, call in (("agree", lambda: agree_on_step(_Feed(), step)), ("barrier", dist.barrier)):
+        for name, call in (("agree", lambda: agree_on_step(_Feed(), step)), ("barrier", dist.barrier),
+                           ("job", lambda: agree_on_job(identity))):
             dist.barrier()
             start = time.perf_counter()
             call()
             if index >= 20:
                 timings[name].append(time.perf_counter() - start)
     if rank == 0:
-        Path(out).write_text(f"{statistics.median(timings['agree'])} {statistics.median(timings['barrier'])}")
+        Path(out).write_text(" ".join(str(statistics.median(timings[name])) for name in ("agree", "barrier", "job")))
     dist.destroy_process_group()
 
 
-def agreement_seconds(world_size: int) -> tuple[float, float]:
-    """Median seconds per step of the agreement all-reduce and of a barrier, on ``world_size`` gloo processes."""
+def agreement_seconds(world_size: int) -> tuple[float, float, float]:
+    """Median seconds of the step agreement all-reduce, of a barrier and of the job agreement's exchange, on
+    ``world_size`` gloo processes."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as folder:
         init_file, out = os.path.join(folder, "init"), os.path.join(folder, "out")
         mp.start_processes(_agreement_worker, args=(world_size, init_file, out), nprocs=world_size,
                            start_method="spawn", join=True)
-        agree, barrier = (float(x) for x in Path(out).read_text().split())
-    return agree, barrier
+        agree, barrier, job = (float(x) for x in Path(out).read_text().split())
+    return agree, barrier, job
+
+
+def content_figures(repeats: int, folder: Path) -> dict[str, float]:
+    """Seconds of the content digest: per 4k-token sample, and per step of the demo's corpus and batch."""
+    import torch
+
+    from megatron_dpsched.data import load_lengths, open_corpus, scale_lengths, write_token_jsonl
+    from megatron_dpsched.megatron.feeds import ScheduledDatasetLoader, sample_digest
+
+    row = [(7 * i) % 50000 for i in range(4097)]
+    sample = {"tokens": torch.tensor(row[:-1]), "labels": torch.tensor(row[1:])}
+    long_corpus = open_corpus(write_token_jsonl(folder / "4k.jsonl", [row] * 64))
+    lengths = scale_lengths(load_lengths("gsm8k_train", limit=DEMO_STEPS * DEMO_GLOBAL_BATCH), DEMO_SCALE)
+    demo = open_corpus(write_token_jsonl(folder / "demo.jsonl", [[i % 128 for i in range(n + 1)] for n in lengths]))
+    feed = ScheduledDatasetLoader(demo, lengths=demo.lengths, rank=0, schedule_kwargs={
+        "dp_size": DEMO_DP, "global_batch_size": DEMO_GLOBAL_BATCH, "max_tokens_per_gpu": DEMO_CAP})
+    step_ids = list(range(DEMO_GLOBAL_BATCH))
+    calls = 64
+    return {
+        "hash_4k": best_of(repeats, lambda: [sample_digest(sample) for _ in range(calls)]) / calls,
+        "read_4k": best_of(repeats, lambda: [long_corpus[i] for i in range(calls)]) / calls,
+        "read_hash_4k": best_of(repeats, lambda: [sample_digest(long_corpus[i]) for i in range(calls)]) / calls,
+        "stored_4k": best_of(repeats, lambda: [long_corpus.sample_digest(i) for i in range(calls)]) / calls,
+        "demo_step_digest": best_of(repeats, lambda: feed.content_digest(step_ids)),
+        "demo_step_plan": best_of(repeats, lambda: feed.plan_step_at(0)),
+    }
+
+
+def identity_figures(repeats: int, folder: Path) -> dict[str, float]:
+    """Seconds to compute the job identity of the demo's arguments, and to checksum a 1 GiB file."""
+    from megatron.training.arguments import parse_args
+
+    from megatron_dpsched.job_identity import file_checksum
+    from megatron_dpsched.megatron import add_dp_schedule_args
+    from megatron_dpsched.megatron.job_checks import identity_from_args
+
+    saved_argv = sys.argv
+    sys.argv = ["bench", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+                "--seq-length", "512", "--max-position-embeddings", "512", "--micro-batch-size", "1",
+                "--global-batch-size", str(DEMO_GLOBAL_BATCH), "--vocab-size", "128", "--data-path",
+                str(folder / "demo.jsonl"), "--split", "100,0,0", "--dp-schedule",
+                "--dp-schedule-max-tokens-per-gpu", str(DEMO_CAP)]
+    try:
+        args = parse_args(add_dp_schedule_args)
+    finally:
+        sys.argv = saved_argv
+    args.data_parallel_size = DEMO_DP
+    large = folder / "large.bin"
+    with open(large, "wb") as out:
+        out.truncate(1 << 30)  # sparse: the sampled blocks are read, not 1 GiB
+    return {"identity": best_of(repeats, lambda: identity_from_args(args)),
+            "checksum_1g": best_of(repeats, lambda: file_checksum(large))}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,10 +207,28 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  sample check, per sample           {figures['length_check_per_sample'] * 1e6:8.2f} us"
           f"   (loading + collating, sample check included: {figures['collate_per_sample'] * 1e6:.1f} us)")
     print(f"cross-rank agreement per step (gloo, this machine, median of {AGREEMENT_STEPS} steps):")
+    jobs = {}
     for world_size in options.world_sizes:
-        agree, barrier = agreement_seconds(world_size)
+        agree, barrier, jobs[world_size] = agreement_seconds(world_size)
         print(f"  {world_size} processes: all-reduce of 2 integers {agree * 1e6:8.1f} us"
               f"   (an empty barrier: {barrier * 1e6:8.1f} us)")
+    with tempfile.TemporaryDirectory() as folder:
+        content = content_figures(options.repeats, Path(folder))
+        job = identity_figures(options.repeats, Path(folder))
+    print(f"content digest in every step's fingerprint (best of {options.repeats}):")
+    print(f"  per 4k-token sample, any dataset: hashing the tensors {content['hash_4k'] * 1e6:8.1f} us; "
+          f"reading + hashing a JSONL row {content['read_hash_4k'] * 1e6:8.1f} us "
+          f"(reading alone: {content['read_4k'] * 1e6:.1f} us)")
+    print(f"  per 4k-token sample, a JSONL corpus (its stored line, what the feed digests): "
+          f"{content['stored_4k'] * 1e6:8.1f} us")
+    print(f"  per step of the demo ({DEMO_GLOBAL_BATCH} samples, every rank): "
+          f"{content['demo_step_digest'] * 1e3:8.2f} ms   (planning the step, digest included: "
+          f"{content['demo_step_plan'] * 1e3:.2f} ms)")
+    print("job agreement at start-up, once:")
+    print(f"  job identity of the demo's arguments  {job['identity'] * 1e3:8.2f} ms   "
+          f"(a 1 GiB data file's sampled checksum: {job['checksum_1g'] * 1e3:.2f} ms)")
+    for world_size, seconds in jobs.items():
+        print(f"  exchange on {world_size} processes (all-reduce of {2 * 7} integers) {seconds * 1e6:8.1f} us")
     return 0
 
 

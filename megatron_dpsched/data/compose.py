@@ -38,6 +38,11 @@ class SubsetDataset:
     def __getitem__(self, index: int) -> Any:
         return self.dataset[self.indices[index]]
 
+    def sample_digest(self, index: int) -> int | None:
+        """The dataset's ``sample_digest`` of this sample (``None`` where it has none)."""
+        digest = getattr(self.dataset, "sample_digest", None)
+        return None if digest is None else digest(self.indices[index])
+
 
 class BlendedDataset:
     """``size`` samples of ``datasets`` mixed by ``weights`` in Megatron's blending order.
@@ -91,6 +96,12 @@ class BlendedDataset:
     def __getitem__(self, index: int) -> Any:
         dataset, sample = self.source(index)
         return self.datasets[dataset][sample]
+
+    def sample_digest(self, index: int) -> int | None:
+        """The blended dataset's ``sample_digest`` of this sample (``None`` where it has none)."""
+        dataset, sample = self.source(index)
+        digest = getattr(self.datasets[dataset], "sample_digest", None)
+        return None if digest is None else digest(sample)
 
     def source(self, index: int) -> tuple[int, int]:
         """(dataset number, sample index in that dataset) of blend position ``index``."""

@@ -16,6 +16,7 @@ tensors of the sample's length; ``loss_mask`` only where some position is not tr
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -89,6 +90,12 @@ class TokenJsonlDataset:
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         row = self.read_row(index)
         return sample_tensors(row.tokens, row.targets)
+
+    def sample_digest(self, index: int) -> int:
+        """64-bit blake2b of sample ``index``'s line as stored (what ``--dp-schedule`` folds into each step's
+        fingerprint, every rank for every sample of the step: cheaper than parsing the row)."""
+        line = self._reader.read(int(self.index.offsets[index]))
+        return int.from_bytes(hashlib.blake2b(line, digest_size=8).digest(), "little")
 
 
 class IndexedTokenDataset:

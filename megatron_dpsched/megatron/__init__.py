@@ -5,6 +5,8 @@
   three-line way onto the scheduled data path for an existing training script.
 * :mod:`.patch`: ``enable()`` / ``disable()`` install the :mod:`.hooks` into
   ``megatron.training.training`` (``patches/`` has the same hooks as a source patch).
+* :mod:`.job_checks`: every rank agrees on the job (flags, planner config, data) before the model is
+  built; checkpoints remember it and a resume compares (``setup_dp_schedule`` installs it on every rank).
 * :mod:`.feeds`: schedule-driven data iterators (precomputed plan or map-style dataset).
 * :mod:`.collate`: packed (thd) or padded (bshd) micro-batches, zero-weight dummies.
 * :mod:`.forward_step`: forward step and per-token loss.

@@ -9,7 +9,10 @@ all-reduce ``[fingerprint, -fingerprint]`` with MAX, one two-element integer
 collective: equal plans give ``max == min``. On a mismatch every rank learns it
 from the same collective, gathers who holds what (a second collective, only on
 this error path) and raises the same ``ValueError`` naming the step and the
-ranks of each plan, before any micro-batch runs.
+ranks of each plan, before any micro-batch runs. The fingerprint covers the
+content of the step's samples too (a digest of every sample's token ids), so
+ranks that read the same lengths from other data disagree here; the message
+then says that the content differs.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 
 import torch
 
+from megatron_dpsched.job_identity import rank_ranges
 from megatron_dpsched.megatron.feeds import StepBatches, StepFeed
 
 
@@ -43,37 +47,37 @@ def agree_on_step(feed: StepFeed, step: StepBatches) -> None:
     highest, lowest = int(bounds[0]), -int(bounds[1])
     if highest == lowest == step.fingerprint:
         return
-    mine = torch.tensor([step.step, step.fingerprint], dtype=torch.int64, device=device)
+    mine = torch.tensor([step.step, step.fingerprint, step.content], dtype=torch.int64, device=device)
     everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(everyone, mine)
-    raise ValueError(disagreement_message(feed.name, [(int(s), int(f)) for s, f in everyone]))
+    held = [(int(s), int(f)) for s, f, _ in everyone]
+    raise ValueError(disagreement_message(feed.name, held, contents=[int(c) for _, _, c in everyone]))
 
 
-def disagreement_message(feed_name: str, held: list[tuple[int, int]]) -> str:
-    """One message naming, for each distinct (step, fingerprint), the global ranks that hold it."""
+def disagreement_message(feed_name: str, held: list[tuple[int, int]], *, contents: list[int] | None = None) -> str:
+    """One message naming, for each distinct (step, fingerprint), the global ranks that hold it; with
+    ``contents`` (each rank's digest of its step's sample content) that differ, the ranks of each content."""
     ranks: dict[tuple[int, int], list[int]] = defaultdict(list)
     for rank, key in enumerate(held):
         ranks[key].append(rank)
-    parts = [f"ranks {_ranges(members)} step {step} fingerprint {fingerprint:#018x}"
+    parts = [f"ranks {rank_ranges(members)} step {step} fingerprint {fingerprint:#018x}"
              for (step, fingerprint), members in sorted(ranks.items(), key=lambda item: item[1][0])]
     steps = sorted({step for step, _ in held})
     return (f"dp-schedule: the ranks hold different plans for {feed_name} step {'/'.join(map(str, steps))} "
-            f"({'; '.join(parts)}); every rank must plan from the same lengths, in the same order, with the "
-            "same flags. Nothing of this step ran.")
+            f"({'; '.join(parts)}){_content_part(contents)}; every rank must plan from the same lengths, in the "
+            "same order, with the same flags. Nothing of this step ran.")
 
 
-def _ranges(members: list[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
-    out: list[str] = []
-    start = previous = members[0]
-    for rank in [*members[1:], None]:
-        if rank is not None and rank == previous + 1:
-            previous = rank
-            continue
-        out.append(str(start) if start == previous else f"{start}-{previous}")
-        if rank is not None:
-            start = previous = rank
-    return ",".join(out)
+def _content_part(contents: list[int] | None) -> str:
+    """``", and other sample content (ranks 0 content 0x..; ranks 1 content 0x..)"`` where contents differ."""
+    if not contents or len(set(contents)) == 1:
+        return ""
+    ranks: dict[int, list[int]] = defaultdict(list)
+    for rank, content in enumerate(contents):
+        ranks[content].append(rank)
+    parts = [f"ranks {rank_ranges(members)} content {content:#018x}"
+             for content, members in sorted(ranks.items(), key=lambda item: item[1][0])]
+    return f", and other sample content: the same planned lengths hold other token ids ({'; '.join(parts)})"
 
 
 def log_first_step(feed: StepFeed, step: StepBatches, *, print_fn: Any = print) -> None:

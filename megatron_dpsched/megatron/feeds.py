@@ -30,7 +30,8 @@ in it or -100, a 0/1 loss mask, the planned length) when its micro-batch is coll
 collated micro-batch against the token cap before it is handed out (a
 :class:`~megatron_dpsched.data.contract.SampleContractError`, a ``ValueError`` naming the
 sample, the field, the step and the rank); and (in :mod:`~megatron_dpsched.megatron.hooks`)
-the step's plan fingerprint across ranks.
+the step's fingerprint across ranks: its plan and the content of all its samples (every rank
+digests every sample of the step when it plans it: :meth:`StepFeed.content_digest`).
 
 The vocabulary bound: ``vocab_size="megatron"`` (the default) reads Megatron's
 ``args.padded_vocab_size`` when the feed is built (set by Megatron's initialization); an
@@ -57,6 +58,7 @@ from megatron_dpsched.data.contract import (
     validate_sample,
 )
 from megatron_dpsched.data.sampling import SampleOrder
+from megatron_dpsched.job_identity import fold_digests
 from megatron_dpsched.megatron.collate import CollateConfig, collate_micro_batch, require_padding_agreement
 from megatron_dpsched.megatron.prefetch import PreparedStep, StepPrefetcher
 from megatron_dpsched.options import VERIFY_LEVELS
@@ -76,13 +78,17 @@ class StepBatches:
     num_samples: int
     """Samples trained in the step over all data-parallel ranks (the LR-scheduler increment)."""
     fingerprint: int
-    """63-bit hash of the whole step's plan (all ranks' parts); every rank of the job must hold the same."""
+    """63-bit hash of the whole step's plan (all ranks' parts) and of its samples' content (``content``);
+    every rank of the job must hold the same."""
     plan: DPSchedule | None = field(default=None, compare=False, repr=False)
     """The plan holding the step (every rank's part), for the step's figures in the logs."""
     plan_step: int = field(default=0, compare=False)
     """The step's index in ``plan``."""
     plan_seconds: float = field(default=0.0, compare=False)
     """Wall time spent planning the step on this rank (not part of equality)."""
+    content: int = field(default=0, compare=False)
+    """Digest of the token ids of every sample of the step (all ranks'), in stream order, folded into
+    ``fingerprint`` (:meth:`StepFeed.content_digest`; 0: not taken)."""
 
     @property
     def num_microbatches(self) -> int:
@@ -192,6 +198,15 @@ class StepFeed(ABC):
                                       collate=self.collate, counts_padding=self.cap_counts == "padded")
         except ValueError as error:
             raise ValueError(f"{source}: {error}") from None
+
+    def content_digest(self, sample_ids: Sequence[int]) -> int:
+        """63-bit digest of the token ids of ``sample_ids``, in this order (:func:`sample_digest` of each, as
+        :meth:`load_sample` reads it): ranks that plan the same lengths from other content disagree."""
+        return fold_digests(0, [self._sample_digest(sample_id) for sample_id in sample_ids])
+
+    def _sample_digest(self, sample_id: int) -> int:
+        """:func:`sample_digest` of the loaded sample (a feed may take it cheaper from its dataset)."""
+        return sample_digest(self.load_sample(sample_id))
 
     def begin_step(self) -> StepBatches:
         """Advance to the next step and rewind every chunk iterator to its first micro-batch."""
@@ -453,13 +468,16 @@ class ScheduledDataIterator(StepFeed):
         if step >= self.schedule.num_steps:
             raise StopIteration(f"the schedule has {self.schedule.num_steps} steps")
         self.next_step += 1
+        content = self.content_digest([i for rank in range(self.dp_size)
+                                       for mb in self.schedule.rank_step_micro_batches(rank, step) for i in mb])
         return StepBatches(
             step=step,
             micro_batches=self.schedule.rank_step_micro_batches(self.rank, step),
             num_samples=self.schedule.step_num_samples[step],
-            fingerprint=self.schedule.step_fingerprint(step),
+            fingerprint=fold_digests(self.schedule.step_fingerprint(step), [content]),
             plan=self.schedule,
             plan_step=step,
+            content=content,
         )
 
 
@@ -506,6 +524,9 @@ class ScheduledDatasetLoader(StepFeed):
             raise ValueError(f"rank {rank!r} is outside dp_size={self.config.dp_size}")
         self._require_agreement(source="schedule_kwargs")
         self._get = _sample_getter(dataset)
+        self._stored_digest = getattr(dataset, "sample_digest", None)
+        """The dataset's own 64-bit digest of a sample as stored (``None`` where it has none), e.g. of a JSONL
+        line, which is cheaper than parsing it for :func:`sample_digest`."""
         self.lengths = require_lengths(lengths, name=f"{type(dataset).__name__}.lengths")
         require_samples(dataset, needed=len(self.lengths), name=type(dataset).__name__)
         self.order = SampleOrder(len(self.lengths)) if order is None else order
@@ -543,6 +564,10 @@ class ScheduledDatasetLoader(StepFeed):
     def planned_length(self, sample_id: int) -> int:
         return self.lengths[sample_id]
 
+    def _sample_digest(self, sample_id: int) -> int:
+        stored = None if self._stored_digest is None else self._stored_digest(sample_id)
+        return super()._sample_digest(sample_id) if stored is None else stored
+
     def plan_step_at(self, consumed_samples: int) -> tuple[StepBatches, DPSchedule]:
         """The step that starts after ``consumed_samples`` samples (this rank's part, and the plan)."""
         ids, groups = self.order.take(consumed_samples, self.global_batch_size)
@@ -555,13 +580,16 @@ class ScheduledDatasetLoader(StepFeed):
         assert plan.num_steps == 1, "one global batch plans as one step"
         local = plan.rank_step_micro_batches(self.rank, 0)
         fingerprint = plan.step_fingerprint(0, first_sample=consumed_samples)
+        fingerprint = fingerprint if self._in_dataset_order() else _with_ids(fingerprint, ids)
+        content = self.content_digest(ids)
         batches = StepBatches(
             step=consumed_samples // self.global_batch_size,
             micro_batches=tuple(tuple(ids[i] for i in mb) for mb in local),
             num_samples=plan.step_num_samples[0],
-            fingerprint=fingerprint if self._in_dataset_order() else _with_ids(fingerprint, ids),
+            fingerprint=fold_digests(fingerprint, [content]),
             plan=plan,
             plan_seconds=seconds,
+            content=content,
         )
         return batches, plan
 
@@ -577,6 +605,17 @@ class ScheduledDatasetLoader(StepFeed):
 
     def _on_step_begun(self, batches: StepBatches) -> None:
         self.consumed_samples += batches.num_samples
+
+
+def sample_digest(sample: Mapping[str, Any]) -> int:
+    """64-bit blake2b of a sample's ``tokens`` and ``labels`` (what the step trains on: inputs, targets and
+    their masking), from the tensors' bytes."""
+    digest = hashlib.blake2b(digest_size=8)
+    for key in ("tokens", "labels"):
+        value = sample.get(key)
+        if value is not None:
+            digest.update(value.detach().cpu().contiguous().numpy())
+    return int.from_bytes(digest.digest(), "little")
 
 
 def _with_ids(fingerprint: int, ids: Sequence[int]) -> int:

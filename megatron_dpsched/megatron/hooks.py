@@ -19,7 +19,8 @@ The hooks:
    interleaved schedule's rule *before* calling (a rejected call would already
    have entered ``no_sync``), checks that every rank of the job holds the same
    plan for the step (:mod:`~megatron_dpsched.megatron.agreement`: one
-   two-integer all-reduce), and passes the planned ``num_microbatches``
+   two-integer all-reduce; on a resume, also that it is the plan the checkpoint
+   expected: :mod:`~megatron_dpsched.megatron.job_checks`), and passes the planned ``num_microbatches``
    instead of the calculator's. When the rerun state machine replays a step
    (``RerunDataIterator.replaying``) the same step is run again, not the next.
    Other iterators pass through untouched, and with ``--dp-schedule`` off
@@ -56,6 +57,7 @@ from typing import Any
 from megatron_dpsched.core.alignment import PipelineLayout
 from megatron_dpsched.megatron.agreement import agree_on_step, log_first_step
 from megatron_dpsched.megatron.feeds import StepBatches, StepFeed
+from megatron_dpsched.megatron.job_checks import check_resumed_step
 
 _GROUP_FLAG = "--microbatch-group-size-per-virtual-pipeline-stage"
 
@@ -142,6 +144,7 @@ def scheduled_forward_backward(forward_backward_func: Callable[..., Any]) -> Cal
         if not replay:
             agree_on_step(feed, step)
             log_first_step(feed, step)
+            check_resumed_step(feed, step)
         check_interleaved_count(step.num_microbatches, kwargs["model"])
         if not kwargs.get("forward_only", False):
             _open_step(feed, step, count_tokens=not replay)

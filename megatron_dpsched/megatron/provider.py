@@ -42,10 +42,16 @@ DatasetsProvider = Callable[..., tuple[Any, Any, Any]]
 def setup_dp_schedule(args: Any) -> None:
     """After Megatron's argument validation: check the ``--dp-schedule*`` flags and install the hooks.
 
-    A no-op without ``--dp-schedule``. Run it before the model is built (it
-    turns on per-token loss and variable sequence lengths under PP).
+    Call it on every rank, with or without ``--dp-schedule``: it always installs the job check
+    (:mod:`~megatron_dpsched.megatron.job_checks`: before the model is built, every rank agrees on
+    ``--dp-schedule``, its options and the data, so a rank that differs fails every rank at once
+    instead of hanging them). Nothing else without ``--dp-schedule``. Run it before the model is
+    built (it turns on per-token loss and variable sequence lengths under PP).
     """
     validate_dp_schedule_args(args)
+    from megatron_dpsched.megatron import job_checks
+
+    job_checks.install()
     if not getattr(args, "dp_schedule", False):
         return
     if getattr(args, "dp_schedule_dataloader_type", None) is None:

@@ -48,6 +48,21 @@ def torchrun(argv: Sequence[str], *, nproc: int, timeout: int = 300) -> subproce
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env, timeout=timeout)
 
 
+def torchrun_per_rank(argvs: Sequence[Sequence[str]], *, cwds: Sequence[Path], spec: Path,
+                      timeout: int = 300) -> subprocess.CompletedProcess:
+    """A ``torchrun`` job of the entry point where global rank ``r`` runs ``argvs[r]`` in folder ``cwds[r]``
+    (``tests/distributed/per_rank_entry.py``; ``spec`` is where the per-rank JSON is written)."""
+    import json
+
+    spec.write_text(json.dumps([{"argv": list(argv), "cwd": str(cwd)} for argv, cwd in zip(argvs, cwds)]))
+    launcher = Path(sys.executable).with_name("torchrun")
+    cmd = [str(launcher), "--nproc-per-node", str(len(argvs)), "--master-addr", "127.0.0.1",
+           "--master-port", str(next(_PORTS)), str(REPO / "tests" / "distributed" / "per_rank_entry.py")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "DPSCHED_PER_RANK": str(spec),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env, timeout=timeout)
+
+
 def python(argv: Sequence[str], *, timeout: int = 120) -> subprocess.CompletedProcess:
     """The entry point in one plain process (for failures before the process group starts)."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0"}

@@ -115,7 +115,7 @@ def _recording_forward_step(records: list[tuple[int, int, tuple[int, ...]]],
 
 
 def _loader(args: Any, *, num_chunks: int, consumed_samples: int = 0, num_samples: int | None = None,
-            lengths: Any = None, prefetch: bool = False) -> Any:
+            lengths: Any = None, prefetch: bool = False, dataset: Any = None) -> Any:
     from megatron.core import parallel_state
 
     from megatron_dpsched.megatron import ScheduledDatasetLoader, schedule_kwargs_from_args
@@ -123,7 +123,7 @@ def _loader(args: Any, *, num_chunks: int, consumed_samples: int = 0, num_sample
 
     dp = parallel_state.get_data_parallel_world_size()
     return ScheduledDatasetLoader(
-        harness.make_sample,
+        harness.make_sample if dataset is None else dataset,
         lengths=LENGTHS[:num_samples] if lengths is None else lengths,
         rank=parallel_state.get_data_parallel_rank(),
         schedule_kwargs=schedule_kwargs_from_args(args, data_parallel_size=dp),
@@ -465,6 +465,19 @@ def ranks_reordered(layout: Layout) -> dict[str, Any]:
 def dp2_ranks_larger() -> dict[str, Any]:
     """Rank 1 reads step 0's lengths slightly larger."""
     return ranks_disagree(Layout(), "larger")
+
+
+def _reversed_sample(sample_id: int) -> dict[str, torch.Tensor]:
+    """``make_sample(sample_id)`` with its token ids in reverse order: the same length, other content."""
+    return {key: value.flip(0) for key, value in harness.make_sample(sample_id).items()}
+
+
+@scenario(world_size=2, launch="agree2")
+def dp2_ranks_content() -> dict[str, Any]:
+    """Global rank 1 reads the same lengths with other token ids: the plans match, the content does not;
+    every rank must stop in step 0 naming the content."""
+    dataset = _reversed_sample if torch.distributed.get_rank() == 1 else harness.make_sample
+    return _train_expecting_error(Layout(), lambda args, chunks: _loader(args, num_chunks=chunks, dataset=dataset))
 
 
 @scenario(world_size=2)

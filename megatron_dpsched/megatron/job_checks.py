@@ -1,0 +1,266 @@
+"""Every rank agrees on what the job is before the model is built; a resume knows what it resumes.
+
+:func:`install` (``setup_dp_schedule`` calls it on every rank, with or without ``--dp-schedule``)
+wraps two names in ``megatron.training.training``:
+
+1. ``setup_model_and_optimizer``: first, every rank of the default process group agrees on the
+   :class:`~megatron_dpsched.job_identity.JobIdentity` of its arguments (:func:`identity_from_args`:
+   ``--dp-schedule`` on or off, the ``--dp-schedule-*`` options, the planner config, the data flags and
+   their files' sizes and checksums): one all-reduce of a vector of field digests with MAX (and of their
+   negatives), on the GPU with NCCL, on the host with gloo. A field that differs raises the same
+   ``ValueError`` on every rank, naming the field and the ranks of each value, before any model exists
+   (a rank without ``--dp-schedule`` fails as fast as the others instead of leaving them waiting in a
+   collective that it never joins). Then Megatron's function (which loads ``--load``); on a resume
+   with ``--dp-schedule`` the checkpoint's :data:`~megatron_dpsched.job_identity.STATE_FILE` is compared
+   with this job: a change of data or options raises ``ValueError`` naming it, unless
+   ``--dp-schedule-changed-resume allow``, which logs what changed.
+2. ``save_checkpoint``: after Megatron's save, global rank 0 writes the state file into the iteration
+   folder: the job identity and the fingerprint of the plan of the step that follows (which a
+   resume compares with the plan of its first step).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import time
+from typing import Any
+
+import torch
+
+from megatron_dpsched.job_identity import (
+    DATA_CONTENT,
+    DATA_PATHS,
+    DATA_SIZES,
+    ENABLED,
+    FIELDS,
+    OPTIONS,
+    PLANNER,
+    RUNTIME_OPTIONS,
+    STATE_FILE,
+    JobIdentity,
+    data_files,
+    disagreement_message,
+    file_checksum,
+    mismatched_fields,
+    read_state,
+    resume_changes,
+    state_json,
+)
+from megatron_dpsched.megatron.arguments import DPScheduleOptions, schedule_kwargs_from_args
+from megatron_dpsched.megatron.feeds import ScheduledDatasetLoader, StepBatches, StepFeed
+
+_TARGET = "megatron.training.training"
+_WRAPPED = {"setup_model_and_optimizer": "pretrain", "save_checkpoint": "save_checkpoint_and_time"}
+"""Name -> the function of Megatron's training module that calls it by that name."""
+DATA_FLAGS = ("data_path", "train_data_path", "valid_data_path", "test_data_path", "split", "data_args_path",
+              "per_split_data_args_path", "mock_data")
+"""Megatron's arguments that say which data the job reads."""
+RUN_TIME_OPTIONS = ("verify", "prefetch", "over_cap", "changed_resume")
+"""``DPScheduleOptions`` fields that change how a step runs, not what it trains (a resume may change them)."""
+ALLOW_FLAG = "--dp-schedule-changed-resume allow"
+
+_originals: dict[str, Any] = {}
+_state: dict[str, Any] = {}
+"""``identity``: this job's, once agreed; ``resume``: what a checked resume expects of its first step."""
+
+
+def install() -> None:
+    """Wrap ``setup_model_and_optimizer`` and ``save_checkpoint`` (idempotent)."""
+    if _originals:
+        return
+    module = importlib.import_module(_TARGET)
+    for name, caller in _WRAPPED.items():
+        code = getattr(getattr(module, caller, None), "__code__", None)
+        if not callable(getattr(module, name, None)) or code is None or name not in code.co_names:
+            raise RuntimeError(f"dp-schedule: {_TARGET}.{caller} no longer calls {name}; unsupported Megatron version")
+    for name, wrapper in (("setup_model_and_optimizer", _setup_model_and_optimizer),
+                          ("save_checkpoint", _save_checkpoint)):
+        _originals[name] = getattr(module, name)
+        setattr(module, name, wrapper)
+
+
+def uninstall() -> None:
+    """Put Megatron's functions back (idempotent)."""
+    module = importlib.import_module(_TARGET)
+    for name, original in _originals.items():
+        setattr(module, name, original)
+    _originals.clear()
+    _state.clear()
+
+
+# --- 1. the job identity, agreed before the model is built ---------------------------------------
+
+
+def identity_from_args(args: Any) -> JobIdentity:
+    """The fields of this job (see :mod:`megatron_dpsched.job_identity`) from Megatron's ``args``."""
+    chosen = dataclasses.asdict(DPScheduleOptions.from_args(args))
+    enabled = chosen.pop("enabled")
+    run_time = {name: chosen.pop(name) for name in RUN_TIME_OPTIONS}
+    flags = {flag: getattr(args, flag, None) for flag in DATA_FLAGS if getattr(args, flag, None) not in (None, False)}
+    files = data_files(word for value in flags.values() for word in _words(value))
+    return JobIdentity(fields=(
+        (ENABLED, "on" if enabled else "off"),
+        (OPTIONS, _listing(chosen) if enabled else "-"),
+        (RUNTIME_OPTIONS, _listing(run_time) if enabled else "-"),
+        (PLANNER, planner_summary(args) if enabled else "-"),
+        (DATA_PATHS, _listing(flags)),
+        (DATA_SIZES, ", ".join(f"{path}: {os.path.getsize(path)} bytes" for path in files) or "-"),
+        (DATA_CONTENT, ", ".join(f"{path}: {file_checksum(path)}" for path in files) or "-"),
+    ))
+
+
+def planner_summary(args: Any) -> str:
+    """The planner's options (data-parallel size, batch, cap, cost model...) and the sample order."""
+    options = schedule_kwargs_from_args(args, data_parallel_size=args.data_parallel_size)
+    options["dataloader_type"] = getattr(args, "dp_schedule_dataloader_type", None) or args.dataloader_type
+    if options["dataloader_type"] == "cyclic":
+        options["seed"] = args.seed
+    return _listing(options)
+
+
+def agree_on_job(identity: JobIdentity) -> None:
+    """Raise ``ValueError`` on every rank unless every rank of the default group holds ``identity``."""
+    import torch.distributed as dist
+
+    from megatron_dpsched.megatron.agreement import _group_device
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    digests = identity.digests()
+    bounds = torch.tensor([*digests, *(-d for d in digests)], dtype=torch.int64, device=_group_device())
+    dist.all_reduce(bounds, op=dist.ReduceOp.MAX)
+    values = bounds.tolist()
+    if not mismatched_fields(values[:len(FIELDS)], [-v for v in values[len(FIELDS):]]):
+        return
+    held: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(held, identity)
+    raise ValueError(disagreement_message(held))
+
+
+def _setup_model_and_optimizer(*args: Any, **kwargs: Any) -> Any:
+    from megatron.training.global_vars import get_args
+
+    megatron_args = get_args()
+    started = time.perf_counter()
+    identity = identity_from_args(megatron_args)
+    agree_on_job(identity)
+    _state["identity"] = identity
+    if getattr(megatron_args, "dp_schedule", False):
+        _print_rank_0(f"dp-schedule: every rank agrees on the job ({', '.join(FIELDS)}) "
+                      f"in {(time.perf_counter() - started) * 1e3:.1f} ms")
+    result = _originals["setup_model_and_optimizer"](*args, **kwargs)
+    check_resume(megatron_args, identity)
+    return result
+
+
+# --- 2. what a checkpoint remembers, and what a resume compares ---------------------------------
+
+
+def _save_checkpoint(*args: Any, **kwargs: Any) -> Any:
+    result = _originals["save_checkpoint"](*args, **kwargs)
+    iteration = args[0] if args else kwargs["iteration"]
+    if not (kwargs.get("non_persistent_ckpt") or kwargs.get("release")):
+        write_state(iteration, train_data_iterator=kwargs.get("train_data_iterator"))
+    return result
+
+
+def write_state(iteration: int, *, train_data_iterator: Any) -> None:
+    """On global rank 0 with ``--dp-schedule``: the state file of the checkpoint of ``iteration``."""
+    from megatron.training.global_vars import get_args
+
+    from megatron_dpsched.megatron.hooks import find_step_feed
+
+    args = get_args()
+    identity = _state.get("identity")
+    if not getattr(args, "dp_schedule", False) or identity is None or _rank() != 0 or not args.save:
+        return
+    feed = find_step_feed(train_data_iterator)
+    next_step = next_step_of(feed, int(args.consumed_train_samples)) if feed is not None else None
+    folder = os.path.join(args.save, f"iter_{iteration:07d}")
+    os.makedirs(folder, exist_ok=True)
+    temporary = os.path.join(folder, f".{STATE_FILE}.{os.getpid()}")
+    with open(temporary, "w") as out:
+        out.write(state_json(identity, iteration=iteration, next_step=next_step))
+    os.replace(temporary, os.path.join(folder, STATE_FILE))
+
+
+def next_step_of(feed: StepFeed, consumed_samples: int) -> dict[str, int] | None:
+    """Step, position and fingerprint of the plan that starts after ``consumed_samples`` (``None`` for a
+    shipped plan, whose steps need not start at Megatron's position, or when the data is used up)."""
+    if not isinstance(feed, ScheduledDatasetLoader):
+        return None
+    try:
+        batches, _ = feed.plan_step_at(consumed_samples)
+    except StopIteration:
+        return None
+    return {"step": batches.step, "consumed_samples": consumed_samples, "fingerprint": batches.fingerprint}
+
+
+def check_resume(args: Any, identity: JobIdentity) -> None:
+    """After Megatron loaded ``--load`` at ``args.iteration``: the checkpoint's job must be this one."""
+    if not getattr(args, "dp_schedule", False) or not args.iteration or not args.load:
+        return
+    path = os.path.join(args.load, f"iter_{args.iteration:07d}", STATE_FILE)
+    state = read_state(path)
+    if state is None:
+        _print_rank_0(f"dp-schedule: WARNING: {path} does not exist (a checkpoint saved without --dp-schedule): "
+                      f"this resume cannot be checked against the data and options it was saved with")
+        return
+    changes = resume_changes(state["job"], identity)
+    allowed = DPScheduleOptions.from_args(args).changed_resume == "allow"
+    where = f"iteration {args.iteration} of {args.load}"
+    if changes and not allowed:
+        raise ValueError(f"dp-schedule: resuming {where} with other data or options: {'; '.join(changes)}. "
+                         f"Resume with what the checkpoint was saved with, or give {ALLOW_FLAG} to go on with "
+                         f"the changes")
+    if changes:
+        _print_rank_0(f"dp-schedule: WARNING: resuming {where} with changes ({ALLOW_FLAG}): {'; '.join(changes)}")
+    _state["resume"] = {"changes": changes, "next_step": state.get("next_step"), "path": path, "allowed": allowed}
+
+
+def check_resumed_step(feed: StepFeed, step: StepBatches) -> None:
+    """At a resumed job's first training step: its plan must be the one the checkpoint expected next."""
+    resume = _state.get("resume")
+    if resume is None or feed.name != "train" or feed.steps_begun != 1:
+        return
+    del _state["resume"]
+    saved = resume["next_step"]
+    if saved is None or resume["changes"]:
+        return  # nothing recorded (a shipped plan), or changes were allowed and the plan may differ
+    now = {"step": step.step, "consumed_samples": feed.start_position, "fingerprint": step.fingerprint}
+    if now == saved:
+        return
+    message = (f"the checkpoint ({resume['path']}) expects step {saved['step']} at consumed_samples="
+               f"{saved['consumed_samples']} with plan fingerprint {saved['fingerprint']:#018x}; this job plans "
+               f"step {now['step']} at consumed_samples={now['consumed_samples']} with fingerprint "
+               f"{now['fingerprint']:#018x}: the samples' content or the planner changed")
+    if not resume["allowed"]:
+        raise ValueError(f"dp-schedule: {message}. Resume with the data and version the checkpoint was saved "
+                         f"with, or give {ALLOW_FLAG} to go on")
+    _print_rank_0(f"dp-schedule: WARNING: {message} ({ALLOW_FLAG})")
+
+
+# --- helpers ---------------------------------------------------------------------------------------
+
+
+def _words(value: Any) -> list[str]:
+    if value is None or isinstance(value, bool):
+        return []
+    return [str(word) for word in value] if isinstance(value, (list, tuple)) else [str(value)]
+
+
+def _listing(values: dict[str, Any]) -> str:
+    return ", ".join(f"{name}={value!r}" for name, value in sorted(values.items()))
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _print_rank_0(message: str) -> None:
+    if _rank() == 0:
+        print(message, flush=True)
