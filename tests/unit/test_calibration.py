@@ -164,6 +164,10 @@ def _valid() -> dict:
     (lambda d: d.update(cost_model={"hidden_size": 64}), "cost_model: .*missing"),
     (lambda d: d.update(cost_model={"width": 64}), "cost_model.width is not a CostModel field"),
     (lambda d: d.update(fit=[1]), "fit must be an object or null"),
+    (lambda d: d["step_time_model"].update(seconds_per_token=10**400),
+     "step_time_model.seconds_per_token must be a finite number of seconds, got an integer of 401 digits"),
+    (lambda d: d.update(cost_model={"hidden_size": 10**400, "num_layers": 2, "num_attention_heads": 2}),
+     "cost_model: hidden_size must be at most"),
 ])
 def test_bad_cost_model_files_are_refused_naming_the_field(tmp_path: Path, edit, expected: str) -> None:
     data = _valid()
@@ -183,6 +187,9 @@ def test_unreadable_cost_model_files(tmp_path: Path) -> None:
         CostModelFile.load(tmp_path / "bad.json")
     with pytest.raises(ValueError, match="is a JSON object, got list"):
         CostModelFile.from_dict([])
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ValueError, match=re.escape("deep.json is not JSON (nested too deeply)")):
+        CostModelFile.load(tmp_path / "deep.json")
 
 
 def test_calibrate_command_writes_the_file_and_reports(tmp_path: Path, capsys) -> None:
