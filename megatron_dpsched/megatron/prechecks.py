@@ -11,6 +11,7 @@ the data flags must give training samples when training runs.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from megatron_dpsched.data.sampling import parse_split
@@ -72,8 +73,8 @@ def _check_divides(batch: int, micro: int, data_parallel: int, *, flag: str, mic
         return
     nearest = sorted({max(unit, batch // unit * unit), (batch // unit + 1) * unit} - {batch})
     raise ValueError(f"{flag} {batch} is not a multiple of {micro_flag} {micro} x data-parallel size "
-                     f"{data_parallel} = {unit} (each rank trains the same number of micro-batches of that many "
-                     f"samples, as Megatron counts them); use {' or '.join(map(str, nearest))}")
+                     f"{data_parallel} = {unit} (Megatron counts a step in micro-batches of that many samples over the "
+                     f"data-parallel ranks); use {' or '.join(map(str, nearest))}")
 
 
 def check_training_data(args: Any) -> None:
@@ -92,3 +93,41 @@ def check_training_data(args: Any) -> None:
     elif not getattr(args, "train_data_path", None):
         raise ValueError(f"no training data (--train-data-path), but {how} trains: give --train-data-path or "
                          f"--data-path, or pass --skip-train to only evaluate")
+
+
+def keep_checkpoint_rng_layout(args: Any) -> None:
+    """Resuming a checkpoint saved without per-rank RNG states (``data_parallel_random_init`` off: a run without
+    ``--dp-schedule``, or one with DP 1 or no dropout): keep it off for this run, and say so.
+
+    ``validate_dp_schedule_args`` turns it on with DP > 1 and dropout, and Megatron's ``load_checkpoint``
+    asserts that the checkpoint's value equals the run's, ``--no-load-rng`` or not. Kept off, the ranks
+    resume from the checkpoint's one RNG state and save one, as plain Megatron does: data, plans and losses
+    without dropout resume exactly, the dropout masks of ranks other than 0 do not."""
+    if not getattr(args, "data_parallel_random_init", False) or not getattr(args, "load", None) \
+            or getattr(args, "finetune", False):
+        return
+    saved = _saved_argument(args, "data_parallel_random_init")
+    if saved is False:
+        args.data_parallel_random_init = False
+        _print_rank_0(f"dp-schedule: --load {args.load} was saved without per-rank RNG states "
+                      f"(--data-parallel-random-init off, e.g. a run without --dp-schedule): this run keeps it off, "
+                      f"so Megatron can load it; its ranks resume from one RNG state and save one")
+
+
+def _saved_argument(args: Any, name: str) -> object:
+    """The value of ``name`` in the arguments the ``--load`` checkpoint was saved with (Megatron's own reader of
+    the rank-0 state: the common part of a ``torch_dist`` checkpoint); ``None`` without a readable one."""
+    from megatron.training import checkpointing
+
+    if not os.path.isfile(checkpointing.get_checkpoint_tracker_filename(args.load)):
+        return None
+    try:
+        state_dict = checkpointing._load_base_checkpoint(args.load, args, rank0=True)[0]
+    except (OSError, RuntimeError, KeyError, ValueError):  # Megatron's load reports an unreadable checkpoint
+        return None
+    return getattr((state_dict or {}).get("args"), name, None)
+
+
+def _print_rank_0(message: str) -> None:
+    if os.environ.get("RANK", "0") == "0":  # before the process group exists: torchrun's rank
+        print(message, flush=True)

@@ -31,6 +31,7 @@ from megatron_dpsched.megatron.arguments import (
 )
 from megatron_dpsched.megatron.collate import CollateConfig, require_padding_agreement
 from megatron_dpsched.megatron.feeds import ScheduledDatasetLoader
+from megatron_dpsched.megatron.prechecks import keep_checkpoint_rng_layout
 
 DatasetsProvider = Callable[..., tuple[Any, Any, Any]]
 
@@ -44,6 +45,7 @@ def setup_dp_schedule(args: Any) -> None:
     validate_dp_schedule_args(args)
     if not getattr(args, "dp_schedule", False):
         return
+    keep_checkpoint_rng_layout(args)  # a checkpoint saved without per-rank RNG states stays loadable
     if getattr(args, "dp_schedule_dataloader_type", None) is None:
         args.dp_schedule_dataloader_type = dataloader_semantics(args.dataloader_type)
     args.dataloader_type = "external"  # Megatron hands the feed's iterators through; the feed samples
