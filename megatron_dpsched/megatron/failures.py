@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import sys
 import time
@@ -47,16 +48,43 @@ PREFIX = "dp-schedule: "
 PACKAGE = Path(megatron_dpsched.__file__).resolve().parent
 
 
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing")
+"""What a gloo collective raises on a rank whose peer exited (e.g. after printing its one line)."""
+FOLLOW_ON_WAIT_S = 30.0
+"""Seconds a rank whose peer exited waits for torchrun to stop it (silently) before it prints a line itself."""
+STRAGGLER_TRACEBACK = "['Traceback (most recent call last):"
+"""Megatron's ``StragglerDetector`` logs a warning with the traceback of every error that leaves a timed forward
+step; :func:`one_line_errors` drops those records (the error is reported once, by it or by Python)."""
+
+
 @contextlib.contextmanager
 def one_line_errors(*, also_from: Sequence[str | Path] = ()) -> Iterator[None]:
     """Turn the plugin's ``ValueError`` into one line and exit code :data:`EXIT_CODE` (see the module doc);
-    ``also_from``: more source files whose errors count as the plugin's (e.g. the training script)."""
+    ``also_from``: more source files whose errors count as the plugin's (e.g. the training script). A rank
+    whose collective fails because a peer exited waits for torchrun to stop it instead of printing a
+    traceback."""
+    quiet = _DropLoggedTracebacks()
+    logger = logging.getLogger("megatron.core.utils")
+    if not debug_requested():
+        logger.addFilter(quiet)
     try:
         yield
     except ValueError as error:
         if debug_requested() or not raised_by(error, [PACKAGE, *also_from]):
             raise
         exit_with_line(error)
+    except RuntimeError as error:
+        if debug_requested() or not any(text in str(error) for text in PEER_LOST):
+            raise
+        time.sleep(FOLLOW_ON_WAIT_S)  # torchrun stops this rank once it sees the failed one
+        exit_with_line(RuntimeError(f"stopped: another rank exited ({one_line(error)[:200]})"))
+    finally:
+        logger.removeFilter(quiet)
+
+
+class _DropLoggedTracebacks(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return STRAGGLER_TRACEBACK not in record.getMessage()
 
 
 def debug_requested() -> bool:
