@@ -131,10 +131,8 @@ def adjust_args(args: argparse.Namespace) -> None:
 
 
 def open_corpora(args: argparse.Namespace) -> None:
-    """Open (index and check every row of) the token corpora now, so that a bad row stops the run before the
-    model is built; ``--sft`` conversations need Megatron's tokenizer and are opened with the datasets."""
-    if args.sft_conversations:
-        return
+    """Open (index and check every row or conversation of) the data files now, so that a bad row stops the run
+    before the model is built."""
     corpora = _state.setdefault("corpora", {})
     for name in DATA_FLAGS:
         values = getattr(args, name, None)
