@@ -6,6 +6,9 @@ Three changes to a ``pretrain_gpt.py``-style script::
     setup_dp_schedule(args)                                                     # 2. validate + hooks
     pretrain(cfg, scheduled_datasets_provider(train_valid_test_datasets_provider), ...)  # 3. the data
 
+Wrapped in ``with one_line_errors():`` (:mod:`.failures`), what the plugin refuses while training prints one
+line per job (``dp-schedule: rank R step S: ...``, exit code 2) instead of a traceback per rank.
+
 ``scheduled_datasets_provider`` wraps the script's dataset provider. Without
 ``--dp-schedule`` it is the provider itself. With it, each dataset the provider
 returns (a map-style dataset of variable-length samples with a ``lengths``
@@ -40,7 +43,9 @@ def setup_dp_schedule(args: Any) -> None:
     """After Megatron's argument validation: check the ``--dp-schedule*`` flags and install the hooks.
 
     A no-op without ``--dp-schedule``. Run it before the model is built (it
-    turns on per-token loss and variable sequence lengths under PP).
+    turns on per-token loss and variable sequence lengths under PP). Resuming a
+    checkpoint saved without per-rank RNG states keeps ``--data-parallel-random-init``
+    off (:func:`~megatron_dpsched.megatron.prechecks.keep_checkpoint_rng_layout`).
     """
     validate_dp_schedule_args(args)
     if not getattr(args, "dp_schedule", False):
