@@ -95,12 +95,14 @@ class CalibrationFit:
 
 
 def read_records(path: str | Path) -> list[dict[str, Any]]:
-    """Step records of a ``--step-stats-dir`` folder (every ``rank*.jsonl``) or of one JSONL file."""
+    """Step records of a ``--step-stats-dir`` folder (every ``rank*.jsonl``) or of one JSONL file; a second
+    record of one (rank, step) is refused naming both places (two runs recorded into one folder)."""
     source = Path(path)
     files = sorted(source.glob("rank*.jsonl")) if source.is_dir() else [source]
     if not files or not files[0].exists():
         raise ValueError(f"{path}: no step records (a --step-stats-dir folder of rank*.jsonl files, or one file)")
-    records = []
+    records: list[dict[str, Any]] = []
+    seen: dict[tuple[Any, Any], str] = {}
     for file in files:
         try:
             text = file.read_text(encoding="utf-8")
@@ -112,7 +114,26 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
                     records.append(json.loads(line))
                 except json.JSONDecodeError as error:
                     raise ValueError(f"{file}:{number} is not a JSON step record ({error.msg})") from None
+                _check_once(records[-1], seen, where=f"{file}:{number}")
     return records
+
+
+def _check_once(record: object, seen: dict[tuple[Any, Any], str], *, where: str) -> None:
+    """Refuse a second record of one ``(rank, step)``, naming where both are."""
+    key = _rank_step(record)
+    if key is None:
+        return
+    if key in seen:
+        raise ValueError(f"{seen[key]} and {where} both hold rank {key[0]} step {key[1]}: two runs recorded into one "
+                         "folder? calibrate one run's records (a fresh --step-stats-dir per run)")
+    seen[key] = where
+
+
+def _rank_step(record: object) -> tuple[Any, Any] | None:
+    """A record's ``(rank, step)`` when both are integers (else the record's own check names the field)."""
+    if not isinstance(record, Mapping) or not is_int(record.get("rank")) or not is_int(record.get("step")):
+        return None
+    return record["rank"], record["step"]
 
 
 def samples_from_records(
@@ -126,7 +147,9 @@ def samples_from_records(
     tokens, squares = LENGTH_FIGURES[lengths]
     fields = ("rank", "step", "micro_batches", tokens, squares, TIME_FIELDS[time])
     samples = []
+    seen: dict[tuple[Any, Any], str] = {}
     for index, record in enumerate(records):
+        _check_once(record, seen, where=f"step record {index}")
         if not isinstance(record, Mapping):
             raise ValueError(f"step record {index} is a {type(record).__name__}, not a JSON object")
         missing = [name for name in fields if record.get(name) is None]
@@ -192,9 +215,12 @@ def fit(
         raise ValueError(f"--backward-factor must be > 0, got {backward_factor!r}")
     usable = [s for s in samples if s.seconds > 0]
     if len(usable) < 3:
-        raise ValueError(f"{len(usable)} step records left after the warm-up steps; the fit needs at least 3 "
+        idle = f" ({len(samples) - len(usable)} more took 0 seconds: the clock did not run?)" \
+            if len(samples) > len(usable) else ""
+        raise ValueError(f"{len(usable)} step records left after the warm-up steps{idle}; the fit needs at least 3 "
                          "(train more steps or pass a smaller --warmup-steps)")
     rows, targets = _rows(usable, backward_factor)
+    check_identifiable(rows, unit="micro-batches" if all(s.parts for s in usable) else "step records")
     weights = [1.0 / (t * t) for t in targets]  # squared relative error
     coefficients = nnls(rows, targets, weights)
     for _ in range(iterations if robust else 0):
@@ -226,8 +252,61 @@ def _rows(samples: Sequence[StepSample], backward_factor: float) -> tuple[list[l
     k = 1 + backward_factor
     if all(s.parts for s in samples):
         parts = [part for s in samples for part in s.parts if part[2] > 0]
+        if len(parts) < 3:
+            total = sum(len(s.parts) for s in samples)
+            raise ValueError(f"micro_batch_seconds: {total - len(parts)} of the {total} recorded micro-batches took "
+                             "0 seconds, the fit needs at least 3 timed ones (the clock did not run?); record "
+                             "again, or fit the step times with --time forward-backward")
         return [[k * t, k * q, k] for t, q, _ in parts], [seconds for _, _, seconds in parts]
     return [[k * s.tokens, k * s.sum_sq, k * s.micro_batches] for s in samples], [s.seconds for s in samples]
+
+
+IDENTIFIABLE_LIMIT = 1e-7
+"""A design whose unit-norm columns have a smallest singular value below this (relative to the largest) is
+rank-deficient: some coefficient is a combination of the others, and the fit cannot tell them apart."""
+FIGURES = ("tokens", "sum(length^2)", "micro-batch count")
+LABELS = ("per-token seconds (seconds_per_token)", "per-sum(length^2) seconds (seconds_per_token_pair)",
+          "per-micro-batch seconds (seconds_per_microbatch)")
+
+
+def check_identifiable(rows: Sequence[Sequence[float]], *, unit: str = "step records") -> None:
+    """Refuse rows from which the three coefficients cannot be told apart (a column of zeros, two proportional
+    columns, or one a combination of the other two), naming the coefficients and the figure that does not vary."""
+    np, _ = _numerics()
+    design = np.asarray(rows, dtype=float)
+    scale = np.linalg.norm(design, axis=0)
+    for column in np.flatnonzero(scale == 0):
+        raise ValueError(f"the {LABELS[column]} cannot be fitted: every one of the {len(rows)} {unit} has "
+                         f"{FIGURES[column]} 0")
+    unit_columns = design / scale
+    if not _rank_deficient(unit_columns):
+        return
+    if _rank_deficient(unit_columns, at_most=1):
+        raise ValueError(f"the {len(rows)} {unit} do not vary: their tokens, sum(length^2) and micro-batch counts "
+                         f"keep one proportion, so no per-token, per-sum(length^2) or per-micro-batch seconds can be "
+                         f"told apart; {_RECORD_MORE}")
+    for coefficient, other, (top, bottom, figure) in ((2, 0, (0, 2, "tokens per micro-batch")),
+                                                      (2, 1, (1, 2, "sum(length^2) per micro-batch")),
+                                                      (1, 0, (1, 0, "sum(length^2) per token"))):
+        if _rank_deficient(unit_columns[:, [coefficient, other]]):
+            raise ValueError(f"the {LABELS[coefficient]} cannot be told from the {LABELS[other]}: the {len(rows)} "
+                             f"{unit} do not vary in {figure} (all {design[0, top] / design[0, bottom]:.6g}); "
+                             f"{_RECORD_MORE}")
+    raise ValueError(f"the per-token, per-sum(length^2) and per-micro-batch seconds cannot be told apart: the "
+                     f"{len(rows)} {unit}' tokens, sum(length^2) and micro-batch counts are linearly dependent; "
+                     f"{_RECORD_MORE}")
+
+
+_RECORD_MORE = ("record steps whose micro-batches differ (samples of varied lengths, micro-batches of varied "
+                "token counts, more steps)")
+
+
+def _rank_deficient(unit_columns: Any, *, at_most: int | None = None) -> bool:
+    """Whether the columns span at most ``at_most`` (default: one fewer than their count) dimensions, numerically."""
+    np, _ = _numerics()
+    at_most = unit_columns.shape[1] - 1 if at_most is None else at_most
+    values = np.linalg.svd(unit_columns, compute_uv=False)
+    return len(values) <= at_most or bool(values[at_most] < IDENTIFIABLE_LIMIT * values[0])
 
 
 def _numerics() -> tuple[Any, Any]:
@@ -298,7 +377,7 @@ def fit_report(model: CalibrationFit, samples: Sequence[StepSample]) -> dict[str
     return {
         "n": len(samples),
         "steps": sorted({s.step for s in samples}),
-        "r_squared": 1.0 - residual / total if total > 0 else 1.0,
+        "r_squared": 1.0 - residual / total if total > 0 else None,  # undefined: every step took the same time
         "mean_relative_error": statistics.fmean(errors),
         "max_relative_error": max(errors),
         "rank_relative_errors": {str(rank): {"mean": statistics.fmean(e), "max": max(e)}

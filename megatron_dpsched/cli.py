@@ -451,6 +451,8 @@ def _run_calibrate(args: argparse.Namespace) -> int:
 def calibration_lines(cost_file: CostModelFile) -> list[str]:
     """The fitted coefficients and the fit report as text."""
     report = cost_file.fit
+    r_squared = "undefined (every step took the same time)" if report["r_squared"] is None \
+        else f"{report['r_squared']:.4f}"
     lines = [
         f"fitted on {report['n']} step records (steps {report['steps'][0]}-{report['steps'][-1]}, {report['n_rows']} "
         f"{report['rows']} rows, {report['time']} time, {report['lengths']} lengths, backward factor "
@@ -459,7 +461,7 @@ def calibration_lines(cost_file: CostModelFile) -> list[str]:
         *(f"  {label:<29}: {getattr(cost_file.step_time, name):.4g}{_plus_minus(report, name)}" for name, label in (
             ("seconds_per_token", "seconds per token"), ("seconds_per_token_pair", "seconds per sum(length^2)"),
             ("seconds_per_microbatch", "seconds per micro-batch"))),
-        f"  R^2                          : {report['r_squared']:.4f}",
+        f"  R^2                          : {r_squared}",
         f"  relative error, mean / max   : {report['mean_relative_error']:.1%} / {report['max_relative_error']:.1%}",
     ]
     for rank, errors in report["rank_relative_errors"].items():

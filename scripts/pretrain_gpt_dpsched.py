@@ -71,6 +71,8 @@ from megatron_dpsched.megatron import (  # noqa: E402
     scheduled_datasets_provider,
     setup_dp_schedule,
 )
+from megatron_dpsched.megatron.failures import debug_requested, exit_with_line, one_line_errors  # noqa: E402
+from megatron_dpsched.megatron.prechecks import check_before_megatron, check_training_data  # noqa: E402
 from megatron_dpsched.megatron.step_stats import StepRecorder, write_plan  # noqa: E402
 from megatron_dpsched.options import exit_on_bad_flags  # noqa: E402
 
@@ -110,6 +112,7 @@ def adjust_args(args: argparse.Namespace) -> None:
             _check_corpus_path(flag, prefix, conversations=args.sft_conversations)
     if args.data_path:
         parse_split(args.split)  # Megatron sets 969,30,1 when --split is not given
+    check_training_data(args)
     if args.sft_conversations and args.tokenizer_type != "SFTTokenizer":
         raise ValueError(f"--sft needs --tokenizer-type SFTTokenizer (Megatron's tokenizer that masks prompts as "
                          f"--sft-tokenizer-prompt-format says) and --tokenizer-model; got {args.tokenizer_type}")
@@ -125,6 +128,18 @@ def adjust_args(args: argparse.Namespace) -> None:
                      f"(--eval-iters {args.eval_iters} -> 0)")
         args.eval_iters = 0
     setup_dp_schedule(args)  # validates the --dp-schedule flags and installs the hooks
+    open_corpora(args)
+
+
+def open_corpora(args: argparse.Namespace) -> None:
+    """Open (index and check every row or conversation of) the data files now, so that a bad row stops the run
+    before the model is built."""
+    corpora = _state.setdefault("corpora", {})
+    for name in DATA_FLAGS:
+        values = getattr(args, name, None)
+        for prefix in parse_blend(values, flag="--" + name.replace("_", "-"))[0] if values else ():
+            if prefix not in corpora:
+                corpora[prefix] = open_data(args, prefix)
 
 
 def _has_validation_data(args: argparse.Namespace) -> bool:
@@ -150,8 +165,10 @@ def parse_arguments(dry_run: bool) -> argparse.Namespace:
     if dry_run:
         start_cpu_dry_run()  # before validate_args, which asks the device about TP/CP settings
         args = parse_args(extra_args_provider)
+        check_before_megatron(args)  # what validate_args would assert on, as one line naming the flags
         validate_args(args)
     else:
+        check_before_megatron(parse_args(extra_args_provider))
         args = parse_and_validate_args(extra_args_provider=extra_args_provider)
     adjust_args(args)
     return args
@@ -402,17 +419,22 @@ def _data_iterators(num_chunks: int) -> tuple[Any, Any]:
 
 
 def main() -> None:
+    """Parse and check the flags (a bad one: one line naming it, before anything is built), then train; what
+    the plugin refuses while training is one line too (``dp-schedule: rank R step S: ...``, exit code 2;
+    ``DPSCHED_DEBUG=1`` shows the traceback)."""
     exit_on_bad_flags(sys.argv[1:], prog=Path(sys.argv[0]).name)  # one line, before Megatron's argument dump
     dry_run = DRY_RUN_FLAG in sys.argv[1:]
     try:
         args = parse_arguments(dry_run)
-    except ValueError as error:  # a bad flag: one line naming it, before anything is built
-        print(f"{Path(sys.argv[0]).name}: error: {error}", file=sys.stderr)
-        sys.exit(2)
-    if dry_run:
-        run_cpu_dry_run(args)
-    else:
-        run_pretrain(args)
+    except ValueError as error:
+        if debug_requested():
+            raise
+        exit_with_line(error, prefix=f"{Path(sys.argv[0]).name}: error: ")
+    with one_line_errors(also_from=[__file__]):
+        if dry_run:
+            run_cpu_dry_run(args)
+        else:
+            run_pretrain(args)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ of a dense GPT layer of width 4096 without logits (see :data:`DEFAULT_ATTENTION_
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from functools import cached_property
@@ -464,6 +465,10 @@ def _step_time_model(data: object) -> StepTimeModel:
     missing = [name for name in REQUIRED_STEP_TIME_FIELDS if name not in data]
     if missing:
         raise ValueError(f"step_time_model.{missing[0]} is missing")
+    huge = [name for name, value in data.items() if is_int(value) and abs(value) > sys.float_info.max]
+    if huge:  # JSON integers have no bound; as seconds they would overflow a float
+        raise ValueError(f"step_time_model.{huge[0]} must be a finite number of seconds, got an integer of "
+                         f"{len(str(abs(data[huge[0]])))} digits")
     try:
         return StepTimeModel(**data)
     except ValueError as error:

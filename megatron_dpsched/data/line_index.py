@@ -175,7 +175,12 @@ class LineReader:
 
     def read(self, offset: int) -> bytes:
         if self._fd < 0 or self._pid != os.getpid():
-            self._fd, self._pid = os.open(self.path, os.O_RDONLY), os.getpid()
+            try:
+                self._fd, self._pid = os.open(self.path, os.O_RDONLY), os.getpid()
+            except OSError as error:  # indexed at start-up, gone by its first read
+                raise ValueError(f"{self.path} cannot be read ({error.strerror}): it was moved or deleted after "
+                                 f"start-up, when its length index was built; restore it and restart the job") \
+                    from None
         if offset > 0 and os.pread(self._fd, 1, offset - 1) != b"\n":  # indexed offsets start lines
             raise ValueError(f"{self.path} changed after its length index was built (byte {offset} does not "
                              f"start a line); restart the job to rebuild the index")

@@ -8,6 +8,9 @@ Three changes to a ``pretrain_gpt.py``-style script (and optionally
     setup_dp_schedule(args)                                                     # 2. validate + hooks
     pretrain(cfg, scheduled_datasets_provider(train_valid_test_datasets_provider), ...)  # 3. the data
 
+Wrapped in ``with one_line_errors():`` (:mod:`.failures`), what the plugin refuses while training prints one
+line per job (``dp-schedule: rank R step S: ...``, exit code 2) instead of a traceback per rank.
+
 ``scheduled_datasets_provider`` wraps the script's dataset provider. Without
 ``--dp-schedule`` it is the provider itself. With it, each dataset the provider
 returns (a map-style dataset of variable-length samples with a ``lengths``
@@ -34,6 +37,7 @@ from megatron_dpsched.megatron.arguments import (
 )
 from megatron_dpsched.megatron.collate import CollateConfig, require_padding_agreement
 from megatron_dpsched.megatron.feeds import ScheduledDatasetLoader
+from megatron_dpsched.megatron.prechecks import keep_checkpoint_rng_layout
 from megatron_dpsched.over_cap import find_over_cap, over_cap_notice
 
 DatasetsProvider = Callable[..., tuple[Any, Any, Any]]
@@ -46,7 +50,9 @@ def setup_dp_schedule(args: Any) -> None:
     (:mod:`~megatron_dpsched.megatron.job_checks`: before the model is built, every rank agrees on
     ``--dp-schedule``, its options and the data, so a rank that differs fails every rank at once
     instead of hanging them). Nothing else without ``--dp-schedule``. Run it before the model is
-    built (it turns on per-token loss and variable sequence lengths under PP).
+    built (it turns on per-token loss and variable sequence lengths under PP). Resuming a checkpoint
+    saved without per-rank RNG states keeps ``--data-parallel-random-init`` off
+    (:func:`~megatron_dpsched.megatron.prechecks.keep_checkpoint_rng_layout`).
     """
     validate_dp_schedule_args(args)
     from megatron_dpsched.megatron import job_checks
@@ -54,6 +60,7 @@ def setup_dp_schedule(args: Any) -> None:
     job_checks.install()
     if not getattr(args, "dp_schedule", False):
         return
+    keep_checkpoint_rng_layout(args)  # a checkpoint saved without per-rank RNG states stays loadable
     if getattr(args, "dp_schedule_dataloader_type", None) is None:
         args.dp_schedule_dataloader_type = dataloader_semantics(args.dataloader_type)
     args.dataloader_type = "external"  # Megatron hands the feed's iterators through; the feed samples

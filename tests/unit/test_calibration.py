@@ -122,7 +122,7 @@ def test_records_of_pipelined_or_old_runs_are_refused() -> None:
     old = [{k: v for k, v in r.items() if k != "sum_sq_lengths"} for r in _records()]
     with pytest.raises(ValueError, match="has no 'sum_sq_lengths'"):
         samples_from_records(old)
-    flat = [StepSample(rank=0, step=2, tokens=100 + i, sum_sq=10_000 + 200 * i, micro_batches=2, seconds=1.0)
+    flat = [StepSample(rank=0, step=2 + i, tokens=100 + i, sum_sq=10_000 + 37 * i * i, micro_batches=2, seconds=1.0)
             for i in range(5)]  # the same time whatever the tokens: only the micro-batch term fits
     with pytest.raises(ValueError, match="do not vary independently enough"):
         fit(flat)
@@ -164,6 +164,10 @@ def _valid() -> dict:
     (lambda d: d.update(cost_model={"hidden_size": 64}), "cost_model: .*missing"),
     (lambda d: d.update(cost_model={"width": 64}), "cost_model.width is not a CostModel field"),
     (lambda d: d.update(fit=[1]), "fit must be an object or null"),
+    (lambda d: d["step_time_model"].update(seconds_per_token=10**400),
+     "step_time_model.seconds_per_token must be a finite number of seconds, got an integer of 401 digits"),
+    (lambda d: d.update(cost_model={"hidden_size": 10**400, "num_layers": 2, "num_attention_heads": 2}),
+     "cost_model: hidden_size must be at most"),
 ])
 def test_bad_cost_model_files_are_refused_naming_the_field(tmp_path: Path, edit, expected: str) -> None:
     data = _valid()
@@ -183,6 +187,9 @@ def test_unreadable_cost_model_files(tmp_path: Path) -> None:
         CostModelFile.load(tmp_path / "bad.json")
     with pytest.raises(ValueError, match="is a JSON object, got list"):
         CostModelFile.from_dict([])
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ValueError, match=re.escape("deep.json is not JSON (nested too deeply)")):
+        CostModelFile.load(tmp_path / "deep.json")
 
 
 def test_calibrate_command_writes_the_file_and_reports(tmp_path: Path, capsys) -> None:
@@ -258,3 +265,98 @@ GOOD_RECORD = {"rank": 0, "step": 3, "micro_batches": 2, "real_tokens": 300, "su
 def test_malformed_step_records_are_refused_naming_the_field(record, message) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         samples_from_records([record])
+
+
+def _varied(records: list[dict], *, lengths: object) -> list[dict]:
+    """The records with every rank's step made of the samples ``lengths(step, rank)`` returns (one micro-batch per
+    ``(lengths, micro-batch count)`` pair) and the compute time ``TRUE`` gives them (1% noise)."""
+    rng = random.Random(3)
+    for record in records:
+        samples, mbs = lengths(record["step"], record["rank"])
+        tokens, squares = sum(samples), sum(n * n for n in samples)
+        forward = (TRUE["seconds_per_token"] * tokens + TRUE["seconds_per_token_pair"] * squares
+                   + TRUE["seconds_per_microbatch"] * mbs)
+        seconds = 3 * forward * (1 + rng.gauss(0, 0.01))
+        record.update(micro_batches=mbs, real_tokens=tokens, sum_sq_lengths=squares, compute_s=seconds)
+    return records
+
+
+@pytest.mark.parametrize(("lengths", "message"), [
+    (lambda step, rank: ([100, 200], 2), "the 40 step records do not vary: their tokens, sum(length^2) and "
+                                         "micro-batch counts keep one proportion"),
+    (lambda step, rank: ([150 - step, 150 + step], 3),  # same tokens, same count, varied squares
+     "the per-micro-batch seconds (seconds_per_microbatch) cannot be told from the per-token seconds "
+     "(seconds_per_token): the 40 step records do not vary in tokens per micro-batch (all 100)"),
+    (lambda step, rank: ([64] * (step + rank + 1), 2 + rank),  # samples of one length
+     "the per-sum(length^2) seconds (seconds_per_token_pair) cannot be told from the per-token seconds "
+     "(seconds_per_token): the 40 step records do not vary in sum(length^2) per token (all 64)"),
+    (lambda step, rank: ([100 * (step + 1)] * (rank + 1), 2 * (step + 1) * (rank + 1)),  # tokens / count fixed
+     "the per-micro-batch seconds (seconds_per_microbatch) cannot be told from the per-token seconds"),
+])
+def test_fits_that_cannot_tell_the_coefficients_apart_are_refused_naming_them(
+        tmp_path: Path, capsys, lengths, message: str) -> None:
+    stats = _write(tmp_path / "stats", _varied(_records(ranks=4, steps=12), lengths=lengths))
+    assert main(["calibrate", str(stats)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("megatron-dpsched: error: ") and message in err[0], err
+
+
+def test_a_linear_dependence_of_all_three_figures_is_refused() -> None:
+    # sum(length^2) = 200 * tokens - 5000 * micro-batches in every record: no two columns proportional
+    samples = [StepSample(rank=0, step=i, tokens=100 * m + i, sum_sq=200 * (100 * m + i) - 5000 * m, micro_batches=m,
+                          seconds=0.01 * (i + m)) for i in range(4) for m in (1, 2, 3)]
+    with pytest.raises(ValueError, match=re.escape("seconds cannot be told apart: the 12 step records' tokens, "
+                                                   "sum(length^2) and micro-batch counts are linearly dependent")):
+        fit(samples)
+
+
+def test_one_micro_batch_count_for_every_step_still_fits_as_an_intercept() -> None:
+    """A fixed micro-batch count is a constant column: identifiable while the tokens and squares vary."""
+    records = _varied(_records(), lengths=lambda step, rank: ([random.Random(step * 7 + rank).randint(20, 2000)
+                                                             for _ in range(6 + step % 3 + rank)], 4))
+    result = fit(samples_from_records(records))
+    for name, value in TRUE.items():
+        assert getattr(result.step_time_model, name) == pytest.approx(value, rel=0.15), name
+
+
+def test_standard_errors_cover_the_true_coefficients() -> None:
+    """Across independent noisy runs, the true coefficient lies within two standard errors about 95% of the time
+    (an exact fit of a singular design would claim 0 and never cover it); a coefficient the bound holds at 0 has
+    none (``None``), not 0."""
+    covered = dict.fromkeys(TRUE, 0)
+    fitted = dict.fromkeys(TRUE, 0)
+    for seed in range(40):
+        result = fit(samples_from_records(_records(seed=seed, noise=0.05)))
+        for name, value in TRUE.items():
+            error, estimate = result.report["standard_errors"][name], getattr(result.step_time_model, name)
+            assert (error is None) == (estimate == 0) and error != 0, (seed, name, error)
+            if error is not None:
+                fitted[name] += 1
+                covered[name] += abs(estimate - value) <= 2 * error
+    # measured: 34 of 40, 34 of 40, 34 of 35 (below 95%: the weights use the noisy times)
+    assert all(covered[name] >= 0.75 * fitted[name] and fitted[name] >= 30 for name in TRUE), (covered, fitted)
+
+
+def test_two_runs_in_one_folder_are_refused_naming_both_files(tmp_path: Path, capsys) -> None:
+    stats = _write(tmp_path / "stats", _records(ranks=2))
+    (stats / "rank1-run2.jsonl").write_text((stats / "rank1.jsonl").read_text())
+    assert main(["calibrate", str(stats)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{stats / 'rank1-run2.jsonl'}:1 and {stats / 'rank1.jsonl'}:1 both hold rank 1 " \
+        "step 0: two runs recorded into one folder?" in err[0], err
+    with pytest.raises(ValueError, match="step record 0 and step record 3 both hold rank 0 step 0"):
+        samples_from_records([*_records(ranks=1, steps=3), *_records(ranks=1, steps=3)])
+
+
+def test_records_whose_clock_did_not_run_are_one_line_errors(tmp_path: Path, capsys) -> None:
+    records = _with_parts(_records(steps=5, ranks=2))
+    for record in records:
+        record["micro_batch_seconds"] = [[0.0, 0.0] for _ in record["micro_batch_seconds"]]
+    stats = _write(tmp_path / "parts", records)
+    assert main(["calibrate", str(stats)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "micro_batch_seconds: 18 of the 18 recorded micro-batches took 0 seconds" in err[0], err
+    still = [{**r, "compute_s": 0.0} for r in _records()]
+    assert main(["calibrate", str(_write(tmp_path / "still", still))]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "0 step records left after the warm-up steps (40 more took 0 seconds" in err[0], err

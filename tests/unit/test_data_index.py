@@ -161,6 +161,18 @@ def test_reading_an_offset_that_no_longer_starts_a_line_fails_naming_the_file(tm
         LineReader(path).read(offset)
 
 
+def test_a_file_deleted_after_start_up_fails_naming_it(tmp_path) -> None:
+    from megatron_dpsched.data.line_index import LineReader
+
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"tokens": [1, 2, 3]}\n{"tokens": [4, 5, 6]}\n')
+    offset = int(_open(path).offsets[1])
+    path.unlink()
+    with pytest.raises(ValueError, match=f"{path} cannot be read \\(No such file or directory\\): it was moved or "
+                                         "deleted after start-up"):
+        LineReader(path).read(offset)
+
+
 def test_threads_sharing_a_reader_read_their_own_lines(tmp_path) -> None:
     """The prefetch threads of two splits of one file share its reader: positional reads keep them apart."""
     import threading
