@@ -185,7 +185,7 @@ def heaviest_rank_first(schedule: DPSchedule) -> DPSchedule:
         loads = [(sum(schedule.costs[i] for mb in rank for i in mb), sum(len(mb) for mb in rank)) for rank in ranks]
         order = sorted(range(schedule.dp_size), key=lambda r: (-loads[r][0], -loads[r][1], r))
         plans.append([[list(mb) for mb in ranks[r]] for r in order])
-    ordered = assemble_schedule(plans, sizes=schedule.lengths, costs=schedule.costs, groups=schedule.groups,
+    ordered = assemble_schedule(plans, lengths=schedule.lengths, costs=schedule.costs, groups=schedule.groups,
                                 config=schedule.config, dropped=list(schedule.dropped))
     ordered.check()
     return ordered
