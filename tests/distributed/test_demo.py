@@ -92,7 +92,7 @@ def test_runtime_check_benchmark_prints_its_figures() -> None:
                            "--dp-size", "16", "--repeats", "1", "--world-sizes", "2"],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for label in ("DPSchedule.check()", "DPSchedule.step_fingerprint", "length check, per sample",
+    for label in ("DPSchedule.check()", "DPSchedule.step_fingerprint", "sample check, per sample",
                   "2 processes: all-reduce of 2 integers", "content digest in every step's fingerprint",
                   "per 4k-token sample, a JSONL corpus", "per step of the demo (32 samples, every rank)",
                   "job identity of the demo's arguments", "exchange on 2 processes (all-reduce of 14 integers)"):
