@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from megatron_dpsched import CostModel, DPSchedule, build_dp_schedule
 from megatron_dpsched.core import PipelineLayout, StepTimeModel, rank_forward_times, simulate_rank, simulate_step
 from megatron_dpsched.core.invariants import ScheduleInvariantError
+from megatron_dpsched.core.objective import TAIL_IMBALANCE
 from megatron_dpsched.core.steptime import slowest_makespan
 
 settings.register_profile(
@@ -120,7 +121,12 @@ def test_pp1_without_overhead_is_todays_plan(seed, balance):
                   balance=balance, cost_model=cost_model if balance == "cost" else None)
     default = build_dp_schedule(lengths, **kwargs)
     ours = build_dp_schedule(lengths, **kwargs, step_time_model=model)
-    assert same_plan(ours, default)
+    for step, stats in enumerate(default.stats()):
+        if stats.relative_imbalance <= 1 + TAIL_IMBALANCE:  # balanced as well as the cap allows: today's plan
+            assert all(ours.rank_step_micro_batches(r, step) == default.rank_step_micro_batches(r, step)
+                       for r in range(default.dp_size))
+        else:  # a tail past the cap kept step 5 from balancing: more micro-batches may run faster
+            assert step_seconds(ours, step, model) <= step_seconds(default, step, model)
 
 
 def test_balance_growth_caps_the_extra_micro_batches():
@@ -230,7 +236,8 @@ def test_pp1_without_overhead_never_changes_a_balanced_plan_at_the_lower_bound(l
     default = build_dp_schedule(lengths, **kwargs)
     stats = default.stats()[0]
     ours = build_dp_schedule(lengths, **kwargs, step_time_model=TOKENS)
-    if stats.num_microbatches == stats.lower_bound and stats.empty_microbatches == 0:
+    balanced = stats.relative_imbalance <= 1 + TAIL_IMBALANCE  # else a tail past the cap may take more
+    if stats.num_microbatches == stats.lower_bound and stats.empty_microbatches == 0 and balanced:
         assert same_plan(ours, default)
 
 
