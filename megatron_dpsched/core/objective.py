@@ -4,27 +4,35 @@ Balancing cost per rank at the fewest micro-batches leaves pipeline bubbles: wit
 stages and ``M`` micro-batches, Megatron's 1F1B idles every stage for about ``(pp_size - 1) / M``
 of a step. More, smaller micro-batches shrink the bubbles but pay a fixed cost each
 (``seconds_per_microbatch``). The search here trades the two by replaying Megatron's schedule
-(:mod:`megatron_dpsched.core.steptime`) on candidate plans, each packed and ordered by the
-machinery of steps 3-6.
+(:mod:`megatron_dpsched.core.steptime`) on candidate plans, each packed by the machinery of steps
+3-5 and ordered as it will run.
 
 Only with a token cap and ``balance`` ``"cost"`` or ``"tokens"``. Steps 2-6 give the default plan at
 count ``D``; the step runs whichever candidate has the smallest simulated step time: the slowest
-rank's makespan (:func:`~megatron_dpsched.core.steptime.simulate_step`) on the candidate ordered as in
-step 6 (:meth:`StepTimer.candidate`). Candidates, all at legal counts of at most ``B``
+rank's makespan (:func:`~megatron_dpsched.core.steptime.simulate_step`) on the candidate in run order
+(:meth:`StepTimer.candidate`). The order is step 6's, except with ``pp_size > 1`` and order
+``"pipeline"``: then each rank that can set the step time runs the fastest in the simulator of
+:data:`~megatron_dpsched.core.ordering.PIPELINE_ORDERS` (step 6's cheapest at both ends, verl's,
+descending, ascending), step 6's unless another is faster by more than :data:`ORDER_MARGIN`; the
+plan records the order chosen. Candidates, all at legal counts of at most ``B``
 (:func:`count_bound`; a default above ``B`` is repacked to ``B``):
 
 * the default;
 * plans of steps 3-4 at each legal count below ``D``, refined as in step 5 (:func:`_fewer_counts`);
-* with ``pp_size > 1``, the default's ranks repacked (step 4) into more micro-batches, up to ``B``
-  and, with ``balance_growth > 0``, up to ``align(U * (1 + balance_growth))`` (:func:`_more_counts`).
-  With ``pp_size == 1`` a rank's time is the sum of its micro-batches' times, which more
-  micro-batches of the same samples never lower.
+* when the default's busiest rank costs more than :data:`TAIL_IMBALANCE` above ``max(mean rank cost,
+  dearest sample)`` (a tail past the cap kept step 5 from balancing), plans of steps 3-4 at counts
+  above ``D``, refined as in step 5, at most :data:`MAX_TAIL_COUNTS` (:func:`_tail_counts`);
+* with ``pp_size > 1``, the ranks of the fastest candidate so far at ``D`` or above repacked (step 4)
+  into more micro-batches (:func:`_more_counts`). With ``pp_size == 1`` a rank's time is the sum of its
+  micro-batches' times, which more micro-batches of the same samples never lower.
 
-Of the candidates no slower than the default, :func:`choose` takes the one with the fewest
-micro-batches within :data:`STEP_TIME_TOLERANCE` of the fastest. So with ``pp_size == 1``, no
-per-micro-batch time and costs proportional to the model's forward time, the plan is the default
-plan whenever no count below ``D`` comes within :data:`STEP_TIME_TOLERANCE` of it (step 5 kept ``D``
-only for a cut of more than :data:`~megatron_dpsched.core.planning.BALANCE_TOLERANCE`).
+Counts above ``D`` go up to ``B`` (each plan's own) and, with ``balance_growth > 0``, up to
+``align(U * (1 + balance_growth))``. Of the candidates no slower than the default, :func:`choose` takes
+the one with the fewest micro-batches within :data:`STEP_TIME_TOLERANCE` of the fastest. So with
+``pp_size == 1``, no per-micro-batch time and costs proportional to the model's forward time, the plan is
+the default plan whenever the default is within :data:`TAIL_IMBALANCE` of the least busiest-rank cost and
+no count below ``D`` comes within :data:`STEP_TIME_TOLERANCE` of it (step 5 kept ``D`` only for a cut of
+more than :data:`~megatron_dpsched.core.planning.BALANCE_TOLERANCE`).
 """
 
 from __future__ import annotations
