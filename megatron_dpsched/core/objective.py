@@ -46,8 +46,10 @@ from megatron_dpsched.core.ordering import PIPELINE_ORDERS, order_micro_batches
 from megatron_dpsched.core.packing import pack_into
 from megatron_dpsched.core.steptime import rank_makespans
 
-STEP_TIME_TOLERANCE = 0.02
-"""Among candidates within this share of the fastest, the one with the fewest micro-batches wins."""
+STEP_TIME_TOLERANCE = 0.005
+"""Among candidates within this share of the fastest, the one with the fewest micro-batches wins (small: a plan
+must stay within 1% of the fastest count's at PP=1 and a heavy tail's best count can be a few percent
+faster than the next one down)."""
 COUNT_GROWTH = 0.1
 """Counts above the default grow by at least this share per candidate (at least to the next legal count)."""
 MAX_STALE_COUNTS = 2
@@ -59,7 +61,10 @@ SEARCH_SPAN = 2.0
 many times the fastest count so far (packing granularity makes plateaus: equal samples run no faster at
 11-15 micro-batches than at 11 until 16 halve them)."""
 SCREEN_RANKS = 8
-"""Upward candidates are timed on the ranks with the most work only; the winner is then timed in full."""
+"""Upward candidates are timed on the ranks with the most work only; the winners are then timed in full."""
+SCREEN_TOLERANCE = 0.02
+"""Of the screened counts, the fewest within this share of the fastest is timed in full (the busiest ranks
+alone understate a larger count's time), and the fastest too."""
 ORDER_MARGIN = 1e-9
 """Another of :data:`~megatron_dpsched.core.ordering.PIPELINE_ORDERS` replaces step 6's order on a rank only
 when it runs that rank faster by more than this share (the same times summed in another order differ in
@@ -192,11 +197,11 @@ def tail_heavy(plan: list[RankPlan], costs: Sequence[float]) -> bool:
     return max(loads) > floor * (1 + TAIL_IMBALANCE)
 
 
-def choose(candidates: list[Candidate], *, ceiling: float) -> Candidate:
-    """Fewest micro-batches within :data:`STEP_TIME_TOLERANCE` of the fastest, never slower than ``ceiling``."""
+def choose(candidates: list[Candidate], *, ceiling: float, tolerance: float = STEP_TIME_TOLERANCE) -> Candidate:
+    """Fewest micro-batches within ``tolerance`` of the fastest, never slower than ``ceiling``."""
     eligible = [c for c in candidates if c.seconds <= ceiling]
     fastest = min(c.seconds for c in eligible)
-    near = [c for c in eligible if c.seconds <= fastest * (1 + STEP_TIME_TOLERANCE)]
+    near = [c for c in eligible if c.seconds <= fastest * (1 + tolerance)]
     return min(near, key=lambda c: (c.num_microbatches, c.seconds))
 
 
@@ -256,7 +261,8 @@ def _more_counts(base: Candidate, timer: StepTimer, *, limit: int) -> list[Candi
     """The base plan's ranks repacked into more micro-batches, up to ``limit``: each count at least
     :data:`COUNT_GROWTH` above the last, until :data:`MAX_STALE_COUNTS` in a row are not faster and the
     count is :data:`SEARCH_SPAN` times the fastest so far. These are timed on the :data:`SCREEN_RANKS`
-    ranks with the most work (:meth:`StepTimer.busiest`); the best of them (:func:`choose`) on every rank."""
+    ranks with the most work (:meth:`StepTimer.busiest`); on every rank, the best of them (:func:`choose` with
+    :data:`SCREEN_TOLERANCE`) and the fastest."""
     layout, config = timer.config.layout, timer.config
     screened: list[Candidate] = []
     busiest = timer.busiest(base.plan)
@@ -277,9 +283,10 @@ def _more_counts(base: Candidate, timer: StepTimer, *, limit: int) -> list[Candi
             stale += 1
     if not screened:
         return []
-    winner = choose([base, *screened], ceiling=base.seconds).num_microbatches
-    plan = repack_ranks(base.plan, timer.sizes, config, winner) if winner != base.num_microbatches else None
-    return [] if plan is None else [timer.candidate(plan)]
+    winners = {choose([base, *screened], ceiling=base.seconds, tolerance=tolerance).num_microbatches
+               for tolerance in (SCREEN_TOLERANCE, 0.0)} - {base.num_microbatches}
+    plans = [repack_ranks(base.plan, timer.sizes, config, winner) for winner in sorted(winners)]
+    return [timer.candidate(plan) for plan in plans if plan is not None]
 
 
 def repack_ranks(
