@@ -64,7 +64,7 @@ SCREEN_RANKS = 8
 """Upward candidates are timed on the ranks with the most work only; the winners are then timed in full."""
 SCREEN_TOLERANCE = 0.02
 """Of the screened counts, the fewest within this share of the fastest is timed in full (the busiest ranks
-alone understate a larger count's time), and the fastest too."""
+alone understate a larger count's time)."""
 ORDER_MARGIN = 1e-9
 """Another of :data:`~megatron_dpsched.core.ordering.PIPELINE_ORDERS` replaces step 6's order on a rank only
 when it runs that rank faster by more than this share (the same times summed in another order differ in
@@ -261,8 +261,8 @@ def _more_counts(base: Candidate, timer: StepTimer, *, limit: int) -> list[Candi
     """The base plan's ranks repacked into more micro-batches, up to ``limit``: each count at least
     :data:`COUNT_GROWTH` above the last, until :data:`MAX_STALE_COUNTS` in a row are not faster and the
     count is :data:`SEARCH_SPAN` times the fastest so far. These are timed on the :data:`SCREEN_RANKS`
-    ranks with the most work (:meth:`StepTimer.busiest`); on every rank, the best of them (:func:`choose` with
-    :data:`SCREEN_TOLERANCE`) and the fastest."""
+    ranks with the most work (:meth:`StepTimer.busiest`); the best of them (:func:`choose` with
+    :data:`SCREEN_TOLERANCE`) on every rank."""
     layout, config = timer.config.layout, timer.config
     screened: list[Candidate] = []
     busiest = timer.busiest(base.plan)
@@ -283,10 +283,9 @@ def _more_counts(base: Candidate, timer: StepTimer, *, limit: int) -> list[Candi
             stale += 1
     if not screened:
         return []
-    winners = {choose([base, *screened], ceiling=base.seconds, tolerance=tolerance).num_microbatches
-               for tolerance in (SCREEN_TOLERANCE, 0.0)} - {base.num_microbatches}
-    plans = [repack_ranks(base.plan, timer.sizes, config, winner) for winner in sorted(winners)]
-    return [timer.candidate(plan) for plan in plans if plan is not None]
+    winner = choose([base, *screened], ceiling=base.seconds, tolerance=SCREEN_TOLERANCE).num_microbatches
+    plan = repack_ranks(base.plan, timer.sizes, config, winner) if winner != base.num_microbatches else None
+    return [] if plan is None else [timer.candidate(plan)]
 
 
 def repack_ranks(
