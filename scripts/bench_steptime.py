@@ -12,12 +12,23 @@ model from the same FLOPs at ``--tflops`` per GPU plus ``--overhead-ms`` per mic
   aligned lower bound to one sample per micro-batch, both the plan of steps 3-4 at that count
   and the default's ranks repacked into it (each ordered as in step 6).
 
-It prints the summed step times, ``step-time / exhaustive`` (targets: <= 1.02 at PP=1, <= 1.05
-with PP=4) and the planning time of 65,536 samples on 512 ranks (target < 0.5 s of CPU time; the
-wall time is printed too). Misses are
-printed; the exit status is 0 whenever it ran (``--check``: 1 on a miss)::
+  Every plan of the exhaustive search runs each rank's micro-batches in the fastest of four orders
+  (cheapest at both ends, verl's, cost descending, cost ascending), written out here apart from the planner.
+
+``--model workload`` balances and times verl's workload instead: a sample of ``L`` tokens costs
+``c(L) = 24576 L + L^2`` and a micro-batch's forward takes the ``c`` of its samples plus ``o``, with
+``o = s * c(2048)`` for each ``s`` of ``--overhead-scales`` (default ``1`` and ``0.1``). Besides the length
+files, a synthetic heavy tail past the cap (:func:`bench_schedule.heavy_tail`: up to 32k tokens) is planned
+unless ``--no-heavy-tail``.
+
+It prints the summed step times, ``step-time / exhaustive`` summed and per step (worst and median per
+layout, and over the heavy tail alone; targets for the worst step: <= 1.02 at PP=1, <= 1.05 with PP=4,
+``--strict``: <= 1.01 and <= 1.03) and the planning time of 65,536 samples on 512 ranks (target < 0.5 s
+of CPU time; the wall time is printed too). Misses are printed; the exit status is 0 whenever it ran
+(``--check``: 1 on a miss)::
 
     .venv/bin/python scripts/bench_steptime.py --markdown docs/bench_steptime.md   # also write the docs page
+    .venv/bin/python scripts/bench_steptime.py --model workload --dp 8 64 512 --strict
 """
 
 from __future__ import annotations
@@ -25,13 +36,15 @@ from __future__ import annotations
 import argparse
 import math
 import random
+import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from bench_common import DEFAULT_LENGTHS_DIR, length_files
+from bench_schedule import heavy_tail
 
 from megatron_dpsched import CostModel, DPSchedule, build_dp_schedule
 from megatron_dpsched.cli import read_lengths
@@ -39,7 +52,6 @@ from megatron_dpsched.core import StepTimeModel, rank_forward_times, simulate_st
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
 from megatron_dpsched.core.cost import sample_costs
 from megatron_dpsched.core.objective import repack_ranks
-from megatron_dpsched.core.ordering import order_micro_batches
 from megatron_dpsched.core.planning import lower_bound_microbatches, plan_at_count
 
 LLAMA3_8B = CostModel(
@@ -48,6 +60,24 @@ LLAMA3_8B = CostModel(
 )
 LAYOUTS = ((1, 1), (4, 1), (4, 2))
 TARGETS = {1: 1.02, 4: 1.05}
+STRICT_TARGETS = {1: 1.01, 4: 1.03}
+HEAVY_TAIL = "synthetic_heavy_tail"
+WORKLOAD_FLOPS = 1e12
+"""``--model workload``: seconds = workload / this (any scale gives the same ratios)."""
+
+
+def workload(length: int) -> float:
+    """verl's ``calculate_workload``: ``24576 L + L^2``."""
+    return 24576.0 * length + float(length) * length
+
+
+@dataclass(frozen=True, kw_only=True)
+class Timing:
+    """What a setting balances (``cost_model``) and how its steps are timed (``model``), with a label."""
+
+    label: str
+    cost_model: Callable[[int], float]
+    model: StepTimeModel
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,15 +89,35 @@ class Row:
     vpp: int
     dp: int
     cap: int
+    timing: str
     seconds: dict[str, float]
     microbatches: dict[str, int]
+    step_ratios: tuple[float, ...]
+    """Per step: step-time / exhaustive."""
 
     @property
     def ratio(self) -> float:
         return self.seconds["step-time"] / self.seconds["exhaustive"]
 
+    @property
+    def worst_step(self) -> float:
+        return max(self.step_ratios)
 
-def step_seconds(plan: list[RankPlan], sizes: list[int], *, config: ScheduleConfig, model: StepTimeModel) -> float:
+
+def timings(args: argparse.Namespace) -> list[Timing]:
+    """The cost and step-time models of ``--model``."""
+    if args.model == "llama3-8b":
+        model = StepTimeModel.from_cost_model(LLAMA3_8B, flops_per_second=args.tflops * 1e12,
+                                              seconds_per_microbatch=args.overhead_ms / 1000)
+        return [Timing(label=f"o={args.overhead_ms:g}ms", cost_model=LLAMA3_8B, model=model)]
+    return [Timing(label=f"o={scale:g}c(2048)", cost_model=workload,
+                   model=StepTimeModel(seconds_per_token=24576 / WORKLOAD_FLOPS,
+                                       seconds_per_token_pair=1 / WORKLOAD_FLOPS,
+                                       seconds_per_microbatch=scale * workload(2048) / WORKLOAD_FLOPS))
+            for scale in args.overhead_scales]
+
+
+def step_seconds(plan: list[RankPlan], sizes: Sequence[int], *, config: ScheduleConfig, model: StepTimeModel) -> float:
     """Simulated time of one step's plan (local sample ids) with the public model."""
     times = [rank_forward_times([[sizes[i] for i in mb] for mb in rank], model=model) for rank in plan]
     return simulate_step(times, layout=config.layout, model=model).seconds
@@ -77,14 +127,34 @@ def plan_of_step(schedule: DPSchedule, step: int) -> list[RankPlan]:
     return [[list(mb) for mb in schedule.rank_step_micro_batches(r, step)] for r in range(schedule.dp_size)]
 
 
-def exhaustive_step(plan: list[RankPlan], lengths: list[int], *, config: ScheduleConfig, model: StepTimeModel) -> float:
-    """Fastest simulated time over every legal count (fresh plans and repacks of ``plan``)."""
+def reference_orders(rank: RankPlan, costs: Sequence[float]) -> list[RankPlan]:
+    """A rank's micro-batches in four orders (written here apart from the planner's): ascending cost dealt to
+    the front and the back (cheapest at both ends), verl's (descending, then ``[::2][::-1] + [1::2]``),
+    descending and ascending."""
+    ascending = sorted(rank, key=lambda mb: (sum(costs[i] for i in mb), sorted(mb)[:1]))
+    descending = ascending[::-1]
+    both_ends = ascending[0::2] + ascending[1::2][::-1]
+    verl = descending[0::2][::-1] + descending[1::2]
+    return [both_ends, verl, descending, ascending]
+
+
+def fastest_orders(plan: list[RankPlan], sizes: Sequence[int], costs: Sequence[float], *, config: ScheduleConfig,
+                   model: StepTimeModel) -> float:
+    """The step time with every rank in its fastest reference order (ranks run apart: the step is the slowest)."""
+    if config.pp_size == 1:
+        return step_seconds(plan, sizes, config=config, model=model)
+    return max(min(step_seconds([order], sizes, config=config, model=model) for order in reference_orders(rank, costs))
+               for rank in plan)
+
+
+def exhaustive_step(plan: list[RankPlan], lengths: list[int], *, config: ScheduleConfig, timing: Timing) -> float:
+    """Fastest simulated time over every legal count (fresh plans and repacks of ``plan``) and every order."""
     samples = sorted(i for rank in plan for mb in rank for i in mb)
     sizes = [lengths[i] for i in samples]
     local = {sample: index for index, sample in enumerate(samples)}
     default = [[[local[i] for i in mb] for mb in rank] for rank in plan]
-    costs = list(sample_costs(sizes, LLAMA3_8B))
-    best = step_seconds(default, sizes, config=config, model=model)
+    costs = list(sample_costs(sizes, timing.cost_model))
+    best = fastest_orders(default, sizes, costs, config=config, model=timing.model)
     top = config.layout.align(max(math.ceil(len(sizes) / config.dp_size), len(default[0])))
     for count in range(lower_bound_microbatches(sizes, config=config), top + 1):
         if not config.layout.is_legal(count):
@@ -92,39 +162,38 @@ def exhaustive_step(plan: list[RankPlan], lengths: list[int], *, config: Schedul
         for candidate in (plan_at_count(sizes, costs, config=config, num_microbatches=count),
                           repack_ranks(default, sizes, config, count)):
             if candidate is not None:
-                ordered = [order_micro_batches(rank, costs, config.microbatch_order) for rank in candidate]
-                best = min(best, step_seconds(ordered, sizes, config=config, model=model))
+                best = min(best, fastest_orders(candidate, sizes, costs, config=config, model=timing.model))
     return best
 
 
 def run_setting(lengths: list[int], *, dataset: str, layout: tuple[int, int], dp: int, cap: int,
-                args: argparse.Namespace) -> Row:
-    model = StepTimeModel.from_cost_model(LLAMA3_8B, flops_per_second=args.tflops * 1e12,
-                                          seconds_per_microbatch=args.overhead_ms / 1000)
+                timing: Timing, args: argparse.Namespace) -> Row:
     kwargs = dict(dp_size=dp, global_batch_size=args.samples_per_rank * dp, max_tokens_per_gpu=cap,
-                  pp_size=layout[0], vpp_size=layout[1], cost_model=LLAMA3_8B)
+                  pp_size=layout[0], vpp_size=layout[1], cost_model=timing.cost_model)
     plans = {"default": build_dp_schedule(lengths, **kwargs),
-             "step-time": build_dp_schedule(lengths, **kwargs, step_time_model=model)}
-    seconds: dict[str, float] = {}
-    counts: dict[str, int] = {}
+             "step-time": build_dp_schedule(lengths, **kwargs, step_time_model=timing.model)}
+    per_step: dict[str, list[float]] = {}
     for name, schedule in plans.items():
-        seconds[name] = sum(step_seconds(plan_of_step(schedule, s), list(lengths), config=schedule.config,
-                                         model=model) for s in range(schedule.num_steps))
-        counts[name] = sum(schedule.num_microbatches)
+        per_step[name] = [step_seconds(plan_of_step(schedule, s), lengths, config=schedule.config, model=timing.model)
+                          for s in range(schedule.num_steps)]
     default = plans["default"]
-    seconds["exhaustive"] = sum(exhaustive_step(plan_of_step(default, s), lengths, config=default.config, model=model)
-                                for s in range(default.num_steps))
-    return Row(dataset=dataset, pp=layout[0], vpp=layout[1], dp=dp, cap=cap, seconds=seconds, microbatches=counts)
+    per_step["exhaustive"] = [exhaustive_step(plan_of_step(default, s), lengths, config=default.config, timing=timing)
+                              for s in range(default.num_steps)]
+    ratios = tuple(ours / best for ours, best in zip(per_step["step-time"], per_step["exhaustive"]))
+    return Row(dataset=dataset, pp=layout[0], vpp=layout[1], dp=dp, cap=cap, timing=timing.label,
+               seconds={name: sum(values) for name, values in per_step.items()},
+               microbatches={name: sum(schedule.num_microbatches) for name, schedule in plans.items()},
+               step_ratios=ratios)
 
 
-def timing(pool: list[int], *, args: argparse.Namespace, repeats: int = 3) -> list[tuple[str, float, float]]:
+def planning_time(pool: list[int], *, args: argparse.Namespace, repeats: int = 3) -> list[tuple[str, float, float]]:
     """Best-of planning time of 65,536 samples on 512 ranks (one step, cap 16384), per objective and layout:
     ``(label, CPU seconds, wall seconds)``. The planner runs on one thread, so on an idle machine the two
     agree; on a shared one the CPU time is the figure that does not depend on the neighbours' load."""
     rng = random.Random(7)
     lengths = [rng.choice(pool) for _ in range(65536)]
-    model = StepTimeModel.from_cost_model(LLAMA3_8B, flops_per_second=args.tflops * 1e12,
-                                          seconds_per_microbatch=args.overhead_ms / 1000)
+    timing = timings(args)[0]
+    model = timing.model
     cases = [("PP=1 default", 1, 1, None), ("PP=1 step-time", 1, 1, model), ("PP=4 default", 4, 1, None),
              ("PP=4 step-time", 4, 1, model), ("PP=4 VPP=2 step-time", 4, 2, model)]
     out = []
@@ -133,44 +202,60 @@ def timing(pool: list[int], *, args: argparse.Namespace, repeats: int = 3) -> li
         for _ in range(repeats):
             start, start_cpu = time.perf_counter(), time.process_time()
             build_dp_schedule(lengths, dp_size=512, global_batch_size=65536, max_tokens_per_gpu=16384, pp_size=pp,
-                              vpp_size=vpp, cost_model=LLAMA3_8B, step_time_model=step_model)
+                              vpp_size=vpp, cost_model=timing.cost_model, step_time_model=step_model)
             cpu, wall = min(cpu, time.process_time() - start_cpu), min(wall, time.perf_counter() - start)
         out.append((label, cpu, wall))
     return out
 
 
 def markdown(rows: list[Row]) -> str:
-    lines = ["| lengths | PP | VPP | dp | cap | micro-batches default / step-time | step s default | "
-             "step s step-time | step s exhaustive | step-time / exhaustive | default / step-time |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| lengths | PP | VPP | dp | cap | o | micro-batches default / step-time | step s default | "
+             "step s step-time | step s exhaustive | step-time / exhaustive | worst step | default / step-time |",
+             "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         s, m = r.seconds, r.microbatches
-        lines.append(f"| {r.dataset} | {r.pp} | {r.vpp} | {r.dp} | {r.cap} | {m['default']} / {m['step-time']} | "
-                     f"{s['default']:.3f} | {s['step-time']:.3f} | {s['exhaustive']:.3f} | {r.ratio:.3f} | "
-                     f"{s['default'] / s['step-time']:.2f} |")
+        lines.append(f"| {r.dataset} | {r.pp} | {r.vpp} | {r.dp} | {r.cap} | {r.timing} | {m['default']} / "
+                     f"{m['step-time']} | {s['default']:.3f} | {s['step-time']:.3f} | {s['exhaustive']:.3f} | "
+                     f"{r.ratio:.3f} | {r.worst_step:.3f} | {s['default'] / s['step-time']:.2f} |")
     return "\n".join(lines)
 
 
-def summary(rows: list[Row], timings: list[tuple[str, float, float]], args: argparse.Namespace) -> str:
-    parts = [f"Settings: {args.samples_per_rank} samples per rank, {args.steps} steps, Llama-3-8B FLOPs at "
-             f"{args.tflops:g} TFLOP/s per GPU plus {args.overhead_ms:g} ms per micro-batch."]
-    for pp, vpp in LAYOUTS:
-        mine = [r for r in rows if (r.pp, r.vpp) == (pp, vpp)]
-        if mine:
-            speedup = [r.seconds["default"] / r.seconds["step-time"] for r in mine]
-            parts.append(f"PP={pp} VPP={vpp}: step-time / exhaustive worst {max(r.ratio for r in mine):.3f} "
-                         f"(target {TARGETS[pp]}), default / step-time {min(speedup):.2f}-{max(speedup):.2f}x "
-                         f"over {len(mine)} settings.")
+def targets(args: argparse.Namespace) -> dict[int, float]:
+    return STRICT_TARGETS if args.strict else TARGETS
+
+
+def layout_line(rows: list[Row], *, pp: int, vpp: int, target: float) -> str:
+    steps = [ratio for r in rows for ratio in r.step_ratios]
+    speedup = [r.seconds["default"] / r.seconds["step-time"] for r in rows]
+    tail = [ratio for r in rows if r.dataset == HEAVY_TAIL for ratio in r.step_ratios]
+    tail_text = f", heavy tail worst {max(tail):.3f}" if tail else ""
+    return (f"PP={pp} VPP={vpp}: step-time / exhaustive per step worst {max(steps):.3f}, median "
+            f"{statistics.median(steps):.3f}{tail_text} (target {target}), default / step-time "
+            f"{min(speedup):.2f}-{max(speedup):.2f}x over {len(rows)} settings.")
+
+
+def summary(rows: list[Row], times: list[tuple[str, float, float]], args: argparse.Namespace) -> str:
+    models = ("Llama-3-8B FLOPs at " f"{args.tflops:g} TFLOP/s per GPU plus {args.overhead_ms:g} ms per micro-batch"
+              if args.model == "llama3-8b" else
+              "verl's workload c(L) = 24576 L + L^2 per sample plus o per micro-batch")
+    parts = [f"Settings: {args.samples_per_rank} samples per rank, {args.steps} steps, {models}."]
+    for label in dict.fromkeys(r.timing for r in rows):
+        for pp, vpp in LAYOUTS:
+            mine = [r for r in rows if (r.pp, r.vpp, r.timing) == (pp, vpp, label)]
+            if mine:
+                prefix = f"{label} " if args.model != "llama3-8b" else ""
+                parts.append(prefix + layout_line(mine, pp=pp, vpp=vpp, target=targets(args)[pp]))
     parts.append("Planning 65,536 samples on 512 ranks (cap 16384), best of 3, CPU seconds (wall): "
-                 + ", ".join(f"{label} {cpu:.3f} s ({wall:.3f} s)" for label, cpu, wall in timings)
+                 + ", ".join(f"{label} {cpu:.3f} s ({wall:.3f} s)" for label, cpu, wall in times)
                  + " (target < 0.5 s).")
     return "\n".join(f"- {p}" for p in parts)
 
 
-def misses(rows: list[Row], timings: list[tuple[str, float, float]]) -> list[str]:
-    out = [f"{r.dataset} PP={r.pp} VPP={r.vpp} dp={r.dp} cap={r.cap}: step-time / exhaustive {r.ratio:.4f} > "
-           f"{TARGETS[r.pp]}" for r in rows if r.ratio > TARGETS[r.pp]]
-    out += [f"planning time {label}: {cpu:.3f} CPU s >= 0.5 s" for label, cpu, _ in timings if cpu >= 0.5]
+def misses(rows: list[Row], times: list[tuple[str, float, float]], args: argparse.Namespace) -> list[str]:
+    goal = targets(args)
+    out = [f"{r.dataset} PP={r.pp} VPP={r.vpp} dp={r.dp} cap={r.cap} {r.timing}: step-time / exhaustive worst step "
+           f"{r.worst_step:.4f} > {goal[r.pp]}" for r in rows if r.worst_step > goal[r.pp]]
+    out += [f"planning time {label}: {cpu:.3f} CPU s >= 0.5 s" for label, cpu, _ in times if cpu >= 0.5]
     return out
 
 
@@ -180,33 +265,55 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="more length files (*.txt) besides the shipped ones (default: ../shared/data/lengths)")
     parser.add_argument("--dp", type=int, nargs="+", default=[8, 64])
     parser.add_argument("--caps", type=int, nargs="+", default=[4096, 16384])
+    parser.add_argument("--layouts", nargs="+", default=[f"{pp}x{vpp}" for pp, vpp in LAYOUTS],
+                        choices=[f"{pp}x{vpp}" for pp, vpp in LAYOUTS], help="PPxVPP layouts to plan")
     parser.add_argument("--samples-per-rank", type=int, default=32)
     parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--tflops", type=float, default=400.0, help="sustained TFLOP/s per GPU")
-    parser.add_argument("--overhead-ms", type=float, default=10.0, help="fixed forward ms per micro-batch")
+    parser.add_argument("--model", choices=("llama3-8b", "workload"), default="llama3-8b",
+                        help="what is balanced and timed: Llama-3-8B FLOPs, or verl's workload 24576 L + L^2")
+    parser.add_argument("--tflops", type=float, default=400.0, help="llama3-8b: sustained TFLOP/s per GPU")
+    parser.add_argument("--overhead-ms", type=float, default=10.0, help="llama3-8b: fixed forward ms per micro-batch")
+    parser.add_argument("--overhead-scales", type=float, nargs="+", default=[1.0, 0.1],
+                        help="workload: per-micro-batch forward time o = S * c(2048), one run per S")
+    parser.add_argument("--heavy-tail", action=argparse.BooleanOptionalAction, default=True,
+                        help="also plan a synthetic heavy tail past the cap (up to 32k tokens)")
+    parser.add_argument("--datasets", nargs="+", help="only these length sets (file stems or synthetic_heavy_tail)")
+    parser.add_argument("--no-planning-time", dest="planning_time", action="store_false",
+                        help="skip the 65,536-sample planning time")
+    parser.add_argument("--strict", action="store_true", help="targets 1.01 (PP=1) and 1.03 (PP=4) per step")
     parser.add_argument("--markdown", type=Path, help="also write the full table here")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed (default: exit 0)")
     return parser.parse_args(argv)
 
 
+def pools(args: argparse.Namespace) -> dict[str, list[int]]:
+    """Length pools by name: the files, then the heavy tail."""
+    out = {name: read_lengths(str(path)) for name, path in length_files(args.lengths_dir).items()}
+    if args.heavy_tail:
+        out[HEAVY_TAIL] = heavy_tail(20000, random.Random(1234))
+    return {name: pool for name, pool in out.items() if not args.datasets or name in args.datasets}
+
+
 def main(argv: list[str] | None = None, *, log: Callable[[str], None] = print) -> int:
     args = parse_args(argv)
-    files = length_files(args.lengths_dir)
     rows = []
-    for name, path in files.items():
-        pool = read_lengths(str(path))
-        for layout in LAYOUTS:
-            for dp in args.dp:
-                for cap in args.caps:
-                    rng = random.Random(f"{name}-{dp}-{cap}")
-                    lengths = [rng.choice(pool) for _ in range(args.samples_per_rank * dp * args.steps)]
-                    rows.append(run_setting(lengths, dataset=name, layout=layout, dp=dp, cap=cap, args=args))
-    timings = timing(read_lengths(str(next(iter(files.values())))), args=args)
-    table, text = markdown(rows), summary(rows, timings, args)
+    layouts = [tuple(int(x) for x in text.split("x")) for text in args.layouts]
+    for name, pool in pools(args).items():
+        for timing in timings(args):
+            for layout in layouts:
+                for dp in args.dp:
+                    for cap in args.caps:
+                        rng = random.Random(f"{name}-{dp}-{cap}")
+                        lengths = [rng.choice(pool) for _ in range(args.samples_per_rank * dp * args.steps)]
+                        rows.append(run_setting(lengths, dataset=name, layout=layout, dp=dp, cap=cap, timing=timing,
+                                                args=args))
+    first_file = read_lengths(str(next(iter(length_files(args.lengths_dir).values()))))
+    times = planning_time(first_file, args=args) if args.planning_time else []
+    table, text = markdown(rows), summary(rows, times, args)
     log(table + "\n\n" + text)
     if args.markdown:
         args.markdown.write_text(table + "\n\n" + text + "\n", encoding="utf-8")
-    missed = misses(rows, timings)
+    missed = misses(rows, times, args)
     log("targets: all met" if not missed else "targets missed:\n  " + "\n  ".join(missed))
     return 1 if missed and args.check else 0
 

@@ -4,27 +4,35 @@ Balancing cost per rank at the fewest micro-batches leaves pipeline bubbles: wit
 stages and ``M`` micro-batches, Megatron's 1F1B idles every stage for about ``(pp_size - 1) / M``
 of a step. More, smaller micro-batches shrink the bubbles but pay a fixed cost each
 (``seconds_per_microbatch``). The search here trades the two by replaying Megatron's schedule
-(:mod:`megatron_dpsched.core.steptime`) on candidate plans, each packed and ordered by the
-machinery of steps 3-6.
+(:mod:`megatron_dpsched.core.steptime`) on candidate plans, each packed by the machinery of steps
+3-5 and ordered as it will run.
 
 Only with a token cap and ``balance`` ``"cost"`` or ``"tokens"``. Steps 2-6 give the default plan at
 count ``D``; the step runs whichever candidate has the smallest simulated step time: the slowest
-rank's makespan (:func:`~megatron_dpsched.core.steptime.simulate_step`) on the candidate ordered as in
-step 6 (:meth:`StepTimer.candidate`). Candidates, all at legal counts of at most ``B``
+rank's makespan (:func:`~megatron_dpsched.core.steptime.simulate_step`) on the candidate in run order
+(:meth:`StepTimer.candidate`). The order is step 6's, except with ``pp_size > 1`` and order
+``"pipeline"``: then each rank that can set the step time runs the fastest in the simulator of
+:data:`~megatron_dpsched.core.ordering.PIPELINE_ORDERS` (step 6's cheapest at both ends, verl's,
+descending, ascending), step 6's unless another is faster by more than :data:`ORDER_MARGIN`; the
+plan records the order chosen. Candidates, all at legal counts of at most ``B``
 (:func:`count_bound`; a default above ``B`` is repacked to ``B``):
 
 * the default;
 * plans of steps 3-4 at each legal count below ``D``, refined as in step 5 (:func:`_fewer_counts`);
-* with ``pp_size > 1``, the default's ranks repacked (step 4) into more micro-batches, up to ``B``
-  and, with ``balance_growth > 0``, up to ``align(U * (1 + balance_growth))`` (:func:`_more_counts`).
-  With ``pp_size == 1`` a rank's time is the sum of its micro-batches' times, which more
-  micro-batches of the same samples never lower.
+* when the default's busiest rank costs more than :data:`TAIL_IMBALANCE` above ``max(mean rank cost,
+  dearest sample)`` (a tail past the cap kept step 5 from balancing), plans of steps 3-4 at counts
+  above ``D``, refined as in step 5, at most :data:`MAX_TAIL_COUNTS` (:func:`_tail_counts`);
+* with ``pp_size > 1``, the ranks of the fastest candidate so far at ``D`` or above repacked (step 4)
+  into more micro-batches (:func:`_more_counts`). With ``pp_size == 1`` a rank's time is the sum of its
+  micro-batches' times, which more micro-batches of the same samples never lower.
 
-Of the candidates no slower than the default, :func:`choose` takes the one with the fewest
-micro-batches within :data:`STEP_TIME_TOLERANCE` of the fastest. So with ``pp_size == 1``, no
-per-micro-batch time and costs proportional to the model's forward time, the plan is the default
-plan whenever no count below ``D`` comes within :data:`STEP_TIME_TOLERANCE` of it (step 5 kept ``D``
-only for a cut of more than :data:`~megatron_dpsched.core.planning.BALANCE_TOLERANCE`).
+Counts above ``D`` go up to ``B`` (each plan's own) and, with ``balance_growth > 0``, up to
+``align(U * (1 + balance_growth))``. Of the candidates no slower than the default, :func:`choose` takes
+the one with the fewest micro-batches within :data:`STEP_TIME_TOLERANCE` of the fastest. So with
+``pp_size == 1``, no per-micro-batch time and costs proportional to the model's forward time, the plan is
+the default plan whenever the default is within :data:`TAIL_IMBALANCE` of the least busiest-rank cost and
+no count below ``D`` comes within :data:`STEP_TIME_TOLERANCE` of it (step 5 kept ``D`` only for a cut of
+more than :data:`~megatron_dpsched.core.planning.BALANCE_TOLERANCE`).
 """
 
 from __future__ import annotations
@@ -34,12 +42,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
-from megatron_dpsched.core.ordering import order_micro_batches
+from megatron_dpsched.core.ordering import PIPELINE_ORDERS, order_micro_batches
 from megatron_dpsched.core.packing import pack_into
-from megatron_dpsched.core.steptime import slowest_makespan
+from megatron_dpsched.core.steptime import rank_makespans
 
-STEP_TIME_TOLERANCE = 0.02
-"""Among candidates within this share of the fastest, the one with the fewest micro-batches wins."""
+STEP_TIME_TOLERANCE = 0.005
+"""Among candidates within this share of the fastest, the one with the fewest micro-batches wins (small: a plan
+must stay within 1% of the fastest count's at PP=1 and a heavy tail's best count can be a few percent
+faster than the next one down)."""
 COUNT_GROWTH = 0.1
 """Counts above the default grow by at least this share per candidate (at least to the next legal count)."""
 MAX_STALE_COUNTS = 2
@@ -51,7 +61,22 @@ SEARCH_SPAN = 2.0
 many times the fastest count so far (packing granularity makes plateaus: equal samples run no faster at
 11-15 micro-batches than at 11 until 16 halve them)."""
 SCREEN_RANKS = 8
-"""Upward candidates are timed on the ranks with the most work only; the winner is then timed in full."""
+"""Upward candidates are timed on the ranks with the most work only; the winners are then timed in full."""
+SCREEN_TOLERANCE = 0.02
+"""Of the screened counts, the fewest within this share of the fastest is timed in full (the busiest ranks
+alone understate a larger count's time)."""
+ORDER_MARGIN = 1e-9
+"""Another of :data:`~megatron_dpsched.core.ordering.PIPELINE_ORDERS` replaces step 6's order on a rank only
+when it runs that rank faster by more than this share (the same times summed in another order differ in
+their last bits)."""
+TAIL_IMBALANCE = 0.05
+"""Step 7 also times fresh plans at counts above the default's (:func:`_tail_counts`) when the default's
+busiest rank costs more than this share above ``max(mean rank cost, dearest sample)``, the least any plan's
+busiest rank can cost: the token cap kept step 5 from balancing (a sample past the cap fills one
+micro-batch of a rank's capacity in step 3 however much it costs), and lock-stepped ranks all wait for
+the busiest."""
+MAX_TAIL_COUNTS = 12
+"""At most this many fresh plans above the default's count are timed per step (:func:`_tail_counts`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,14 +97,36 @@ class StepTimer:
     config: ScheduleConfig
 
     def candidate(self, plan: list[RankPlan]) -> Candidate:
-        """``plan`` in run order (step 6) with the slowest rank's simulated makespan."""
+        """``plan`` in run order with the slowest rank's simulated makespan: step 6's order, or with
+        ``pp_size > 1`` and order ``"pipeline"`` the fastest order of each rank (:meth:`_choose_orders`)."""
         order = self.config.microbatch_order
         ordered = [order_micro_batches(rank, self.costs, order) for rank in plan]
+        spans = self._makespans(ordered)
+        if self.config.pp_size > 1 and order == PIPELINE_ORDERS[0]:
+            self._choose_orders(ordered, spans)
+        return Candidate(num_microbatches=len(plan[0]), seconds=max(spans), plan=ordered)
+
+    def _choose_orders(self, ordered: list[RankPlan], spans: list[float]) -> None:
+        """In place: ranks from the slowest, each in the fastest of
+        :data:`~megatron_dpsched.core.ordering.PIPELINE_ORDERS` (step 6's unless another is faster by more
+        than :data:`ORDER_MARGIN`), until the next rank's makespan cannot be the step time."""
+        step = 0.0
+        for rank in sorted(range(len(ordered)), key=lambda r: -spans[r]):
+            if spans[rank] <= step:
+                break
+            for order in PIPELINE_ORDERS[1:]:
+                trial = order_micro_batches(ordered[rank], self.costs, order)
+                seconds = self._makespans([trial])[0]
+                if seconds < spans[rank] * (1 - ORDER_MARGIN):
+                    ordered[rank], spans[rank] = trial, seconds
+            step = max(step, spans[rank])
+
+    def _makespans(self, ordered: list[RankPlan]) -> list[float]:
+        """Each rank's simulated makespan, its micro-batches run in the given order."""
         model = self.config.step_time_model
         assert model is not None
         times = [tuple(self._forward_time(mb) for mb in rank) for rank in ordered]
-        seconds = slowest_makespan(times, layout=self.config.layout, backward_factor=model.backward_factor)
-        return Candidate(num_microbatches=len(plan[0]), seconds=seconds, plan=ordered)
+        return rank_makespans(times, layout=self.config.layout, backward_factor=model.backward_factor)
 
     def busiest(self, plan: list[RankPlan]) -> list[RankPlan]:
         """The :data:`SCREEN_RANKS` ranks of ``plan`` with the most work (forward time of their samples)."""
@@ -124,25 +171,37 @@ def plan_for_step_time(
     lower_bound: int,
     growth_limit: int | None = None,
 ) -> list[RankPlan]:
-    """The fastest of the default plan, plans at fewer counts (``replan``) and, with pipelining, the
-    default's rank assignment repacked into more micro-batches; ties go to fewer micro-batches."""
+    """The fastest of the default plan, plans at fewer counts (``replan``), with a heavy tail plans at more
+    counts (:data:`TAIL_IMBALANCE`) and, with pipelining, the fastest of these so far with its rank
+    assignment repacked into more micro-batches; ties go to fewer micro-batches."""
     timer = StepTimer(sizes=sizes, costs=costs, config=config)
     bound = count_bound(default, config=config, lower_bound=lower_bound)
     fitted = default if len(default[0]) <= bound else repack_ranks(default, sizes, config, bound)
     assert fitted is not None, "one sample per micro-batch always fits"
     base = timer.candidate(fitted)
     candidates = [base, *_fewer_counts(base, timer, replan=replan, lower_bound=lower_bound)]
+    limit = bound if growth_limit is None else max(base.num_microbatches, min(bound, growth_limit))
+    if tail_heavy(fitted, costs):
+        candidates += _tail_counts(base, timer, replan=replan, limit=limit, lower_bound=lower_bound)
     if config.pp_size > 1:  # with one stage a rank's time is its micro-batches' sum: more never help
-        limit = bound if growth_limit is None else max(base.num_microbatches, min(bound, growth_limit))
-        candidates += _more_counts(base, timer, limit=limit)
+        seed = min((c for c in candidates if c.num_microbatches >= base.num_microbatches), key=lambda c: c.seconds)
+        own = count_bound(seed.plan, config=config, lower_bound=lower_bound)
+        candidates += _more_counts(seed, timer, limit=max(seed.num_microbatches, min(limit, own)))
     return choose(candidates, ceiling=base.seconds).plan
 
 
-def choose(candidates: list[Candidate], *, ceiling: float) -> Candidate:
-    """Fewest micro-batches within :data:`STEP_TIME_TOLERANCE` of the fastest, never slower than ``ceiling``."""
+def tail_heavy(plan: list[RankPlan], costs: Sequence[float]) -> bool:
+    """The busiest rank of ``plan`` costs more than :data:`TAIL_IMBALANCE` above ``max(mean, dearest sample)``."""
+    loads = [sum(costs[i] for mb in rank for i in mb) for rank in plan]
+    floor = max(sum(loads) / len(plan), max(costs[i] for rank in plan for mb in rank for i in mb))
+    return max(loads) > floor * (1 + TAIL_IMBALANCE)
+
+
+def choose(candidates: list[Candidate], *, ceiling: float, tolerance: float = STEP_TIME_TOLERANCE) -> Candidate:
+    """Fewest micro-batches within ``tolerance`` of the fastest, never slower than ``ceiling``."""
     eligible = [c for c in candidates if c.seconds <= ceiling]
     fastest = min(c.seconds for c in eligible)
-    near = [c for c in eligible if c.seconds <= fastest * (1 + STEP_TIME_TOLERANCE)]
+    near = [c for c in eligible if c.seconds <= fastest * (1 + tolerance)]
     return min(near, key=lambda c: (c.num_microbatches, c.seconds))
 
 
@@ -165,11 +224,45 @@ def _fewer_counts(
     return found
 
 
+def _tail_counts(
+    base: Candidate, timer: StepTimer, *, replan: Callable[[int], list[RankPlan] | None], limit: int,
+    lower_bound: int,
+) -> list[Candidate]:
+    """Fresh plans (``replan``) at counts above the default's, up to ``limit`` and each count's own bound
+    (:func:`count_bound`), at most :data:`MAX_TAIL_COUNTS`: counts growing by :data:`COUNT_GROWTH` until
+    :data:`MAX_STALE_COUNTS` in a row are not faster, then the legal counts between the fastest one's
+    neighbours in that sequence, nearest first."""
+    layout, config, tried = timer.config.layout, timer.config, {}
+
+    def attempt(count: int) -> Candidate | None:
+        if count not in tried and len(tried) < MAX_TAIL_COUNTS:
+            plan = replan(count)
+            fits = plan is not None and count <= count_bound(plan, config=config, lower_bound=lower_bound)
+            tried[count] = timer.candidate(plan) if fits else None  # type: ignore[arg-type]
+        return tried.get(count)
+
+    coarse, best, stale = [base.num_microbatches], base, 0
+    while stale < MAX_STALE_COUNTS:
+        count = max(layout.next_legal(coarse[-1]), layout.align(math.ceil(coarse[-1] * (1 + COUNT_GROWTH))))
+        if count > limit:
+            break
+        coarse.append(count)
+        found = attempt(count)
+        best, stale = (found, 0) if found is not None and found.seconds < best.seconds else (best, stale + 1)
+    at = coarse.index(best.num_microbatches)
+    low, high = coarse[max(at - 1, 0)], coarse[min(at + 1, len(coarse) - 1)]
+    between = [c for c in range(low + 1, high) if layout.is_legal(c) and c != best.num_microbatches]
+    for count in sorted(between, key=lambda c: (abs(c - best.num_microbatches), c)):
+        attempt(count)
+    return [c for c in tried.values() if c is not None]
+
+
 def _more_counts(base: Candidate, timer: StepTimer, *, limit: int) -> list[Candidate]:
     """The base plan's ranks repacked into more micro-batches, up to ``limit``: each count at least
     :data:`COUNT_GROWTH` above the last, until :data:`MAX_STALE_COUNTS` in a row are not faster and the
     count is :data:`SEARCH_SPAN` times the fastest so far. These are timed on the :data:`SCREEN_RANKS`
-    ranks with the most work (:meth:`StepTimer.busiest`); the best of them (:func:`choose`) on every rank."""
+    ranks with the most work (:meth:`StepTimer.busiest`); the best of them (:func:`choose` with
+    :data:`SCREEN_TOLERANCE`) on every rank."""
     layout, config = timer.config.layout, timer.config
     screened: list[Candidate] = []
     busiest = timer.busiest(base.plan)
@@ -190,7 +283,7 @@ def _more_counts(base: Candidate, timer: StepTimer, *, limit: int) -> list[Candi
             stale += 1
     if not screened:
         return []
-    winner = choose([base, *screened], ceiling=base.seconds).num_microbatches
+    winner = choose([base, *screened], ceiling=base.seconds, tolerance=SCREEN_TOLERANCE).num_microbatches
     plan = repack_ranks(base.plan, timer.sizes, config, winner) if winner != base.num_microbatches else None
     return [] if plan is None else [timer.candidate(plan)]
 

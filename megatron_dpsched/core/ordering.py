@@ -4,6 +4,11 @@ With pipeline parallelism the first ``pp_size - 1`` micro-batches (warm-up)
 and the last ones (cool-down) run while other stages idle, so the order
 ``"pipeline"`` puts the cheapest micro-batches at both ends and the dearest in
 the middle: ascending cost dealt alternately to the front and the back.
+
+With a step-time model (spec step 7) ``"pipeline"`` is the first of :data:`PIPELINE_ORDERS`, the orders
+the objective times on each rank's micro-batches (:mod:`~megatron_dpsched.core.objective`): its cheapest
+at both ends, verl's (cost descending, then ``[::2][::-1] + [1::2]``: the cheapest last), cost
+descending and cost ascending.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from collections.abc import Sequence
 from megatron_dpsched.core.validation import ArgumentError
 
 MICROBATCH_ORDERS = ("pipeline", "none")
+PIPELINE_ORDERS = ("pipeline", "verl", "descending", "ascending")
+"""The orders the step-time objective chooses from for ``"pipeline"``; the first is step 6's."""
 
 
 def resolve_order(microbatch_order: str | None, pp_size: int) -> str:
@@ -33,12 +40,24 @@ def resolve_order(microbatch_order: str | None, pp_size: int) -> str:
 def order_micro_batches(
     micro_batches: Sequence[Sequence[int]], costs: Sequence[float], order: str
 ) -> list[list[int]]:
-    """Return the micro-batches in run order; each micro-batch's samples in index order."""
+    """Return the micro-batches in run order (``"none"`` or one of :data:`PIPELINE_ORDERS`); each
+    micro-batch's samples in index order."""
     batches = [sorted(mb) for mb in micro_batches]
     if order == "none":
         return sorted(batches, key=lambda mb: (not mb, mb[:1]))
     weight = [sum(costs[i] for i in mb) for mb in batches]
     ascending = sorted(range(len(batches)), key=lambda b: (weight[b], batches[b][:1]))
-    front = ascending[0::2]
-    back = ascending[1::2][::-1]
-    return [batches[b] for b in front + back]
+    return [batches[b] for b in _arrange(ascending, order)]
+
+
+def _arrange(ascending: list[int], order: str) -> list[int]:
+    """Positions sorted by ascending cost, in ``order``'s run order."""
+    descending = ascending[::-1]
+    arranged = {
+        "pipeline": lambda: ascending[0::2] + ascending[1::2][::-1],
+        "verl": lambda: descending[0::2][::-1] + descending[1::2],
+        "descending": lambda: descending,
+        "ascending": lambda: ascending,
+    }
+    assert order in arranged, f"unknown micro-batch order {order!r}"
+    return arranged[order]()

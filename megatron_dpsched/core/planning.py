@@ -51,13 +51,11 @@ def plan_step(
         ranks = _plan_static(local_sizes, local_costs, config=config)
     else:
         ranks = _plan_dynamic(local_sizes, local_costs, config=config)
-        if config.step_time_model is not None:
-            ranks = _plan_step_time(ranks, local_sizes, local_costs, config=config)
-    order = config.microbatch_order
-    return [
-        [[samples[i] for i in mb] for mb in order_micro_batches(rank, local_costs, order)]
-        for rank in ranks
-    ]
+    if config.step_time_model is not None:  # step 7 returns its plan in run order
+        ranks = _plan_step_time(ranks, local_sizes, local_costs, config=config)
+    else:
+        ranks = [order_micro_batches(rank, local_costs, config.microbatch_order) for rank in ranks]
+    return [[[samples[i] for i in mb] for mb in rank] for rank in ranks]
 
 
 def lower_bound_microbatches(sizes: Sequence[int], *, config: ScheduleConfig) -> int:

@@ -39,7 +39,9 @@ Steps, for every optimizer step (each step's detail lives with the code it names
    (:mod:`~megatron_dpsched.core.ordering`).
 7. Only with a ``step_time_model``: of candidate plans at counts from ``M`` to ``B = max(M,
    align(n))``, ``n`` the most samples one rank holds, the one with the smallest simulated step
-   time, ties going to fewer micro-batches (:mod:`~megatron_dpsched.core.objective`).
+   time, ties going to fewer micro-batches; with ``pp_size > 1`` and order ``"pipeline"`` each rank
+   runs the fastest simulated of four orders, step 6's unless another is faster
+   (:mod:`~megatron_dpsched.core.objective`).
 
 Invariants (checked by :meth:`DPSchedule.check` for every accepted input; its errors start
 with ``invariant N:``):
