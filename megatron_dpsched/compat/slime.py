@@ -56,11 +56,14 @@ slime's own planner, on purpose:
   rank an empty micro-batch (a rank with fewer samples than the step's count), the drop-in moves into
   it the cheapest sample of the micro-batch with the most samples of the busiest rank that has a
   multi-sample one (the cap still holds); a step with fewer samples than ``dp_size * num_microbatches``
-  raises, as slime's splitting does.
+  raises, as slime's splitting does;
+* static batching raises where slime's static path raises: a step of ``n`` samples whose
+  ``ceil(n / micro_batch_size)`` is not a multiple of ``dp_size`` (times ``G`` with VPP).
 
 User errors raise :class:`SlimeScheduleError`, a ``ValueError`` naming the argument that is also an
-``AssertionError`` where slime asserts (fewer rollouts than ``global_batch_size``, a step with fewer
-samples than ``dp_size``, dynamic batching without a cap), so callers written for slime keep working.
+``AssertionError`` where slime asserts or raises ``AssertionError`` (fewer rollouts than
+``global_batch_size``, a step with fewer samples than ``dp_size``, dynamic batching without a cap, a static
+step that does not split evenly), so callers written for slime keep working.
 """
 
 from __future__ import annotations
@@ -157,7 +160,9 @@ def _plan(
     balance, cost_model = _balance(args)
     config = ScheduleConfig(global_batch_size=gbs, drop_last=True, balance=balance,
                             **_layout(args, train_parallel_config), **_batching(args))
-    _check_steps(rollouts, global_batch_size=gbs, dp_size=config.dp_size)
+    steps = _check_steps(rollouts, global_batch_size=gbs, dp_size=config.dp_size)
+    if config.micro_batch_size is not None:
+        _check_static_steps(steps, micro_batch_size=config.micro_batch_size, align=_slime_alignment(config))
     schedule = plan_schedule(lengths, config=config, groups=rollouts, cost_model=cost_model)
     try:
         schedule = heaviest_rank_first(fill_empty_micro_batches(schedule))
@@ -272,8 +277,10 @@ def _balance(args: Any) -> tuple[str, CostModel | None]:
     return "cost", model
 
 
-def _check_steps(rollouts: tuple[Hashable, ...], *, global_batch_size: int, dp_size: int) -> None:
-    """slime's preconditions: at least one full step, and every step has a sample per DP rank."""
+def _check_steps(
+    rollouts: tuple[Hashable, ...], *, global_batch_size: int, dp_size: int
+) -> list[list[int]]:
+    """slime's preconditions: at least one full step, and every step has a sample per DP rank; the steps."""
     steps, _ = split_steps(len(rollouts), global_batch_size=global_batch_size, groups=rollouts, drop_last=True)
     if not steps:
         raise SlimeScheduleError(
@@ -285,4 +292,25 @@ def _check_steps(rollouts: tuple[Hashable, ...], *, global_batch_size: int, dp_s
             raise SlimeScheduleError(
                 f"step {number} has {len(step)} samples, fewer than train_parallel_config['dp_size']="
                 f"{dp_size}; every data-parallel rank needs at least one sample per step"
+            )
+    return steps
+
+
+def _slime_alignment(config: ScheduleConfig) -> int:
+    """What slime's micro-batch count per step must be a multiple of: ``dp_size``, times ``G`` with VPP."""
+    group = config.microbatch_group_size_per_vp_stage if config.vpp_size > 1 else None
+    return config.dp_size * (group or 1)
+
+
+def _check_static_steps(steps: list[list[int]], *, micro_batch_size: int, align: int) -> None:
+    """slime's static path: a step of ``n`` samples is ``ceil(n / micro_batch_size)`` micro-batches, which
+    must split evenly over the ranks (and VPP groups); slime raises ``AssertionError`` otherwise."""
+    for number, step in enumerate(steps):
+        count = -(-len(step) // micro_batch_size)
+        if count % align:
+            raise SlimeScheduleError(
+                f"step {number} has {len(step)} samples: {count} micro-batches of args.micro_batch_size="
+                f"{micro_batch_size}, not a multiple of {align} (train_parallel_config['dp_size'], times "
+                f"'microbatch_group_size_per_vp_stage' with VPP) as slime's static batching needs; give every "
+                f"step a multiple of dp_size * micro_batch_size samples (or use args.use_dynamic_batch_size)"
             )

@@ -1,8 +1,9 @@
 """Sample lengths from the inputs ``megatron-dpsched plan`` takes.
 
 * a length file: token counts separated by whitespace (one per line, or several on a line);
-* a JSONL corpus (``*.jsonl``, ``{"tokens": [ids]}`` per line): a row of ``L`` ids is a sample of
-  ``L - 1`` positions, as :class:`megatron_dpsched.data.TokenJsonlDataset` reads it (no torch needed here);
+* a JSONL corpus (``*.jsonl``, ``{"tokens": [ids]}`` or ``{"input_ids": [ids]}`` per line, the rows training
+  reads): a row of ``L`` ids is a sample of ``L - 1`` positions, as
+  :class:`megatron_dpsched.data.TokenJsonlDataset` reads it (no torch needed here);
 * a Megatron indexed dataset ``PREFIX`` (``PREFIX.bin`` and ``PREFIX.idx``; ``PREFIX.bin`` or
   ``PREFIX.idx`` name it too): lengths from the index, ``sequence_lengths - 1``, through megatron-core.
 
@@ -11,10 +12,10 @@ Every problem raises ``ValueError`` naming the file (and line), never a tracebac
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from megatron_dpsched.core.validation import MAX_TOKENS
+from megatron_dpsched.data.rows import row_length
 
 
 def read_lengths(path: str) -> list[int]:
@@ -51,26 +52,22 @@ def _text_lines(path: str) -> list[str]:
 
 
 def read_jsonl_lengths(path: str) -> list[int]:
-    """Sample lengths of a JSONL token corpus: ``len(tokens) - 1`` per non-blank line."""
+    """Sample lengths of a JSONL token corpus: one per non-blank line, each row checked as training reads it
+    (:func:`megatron_dpsched.data.rows.row_length`: the same row shapes, and the same rows refused)."""
     lengths = []
     for number, line in enumerate(_text_lines(path), 1):
         if line.strip():
-            lengths.append(_row_length(line, f"{path}:{number}"))
+            lengths.append(_row_length(line, path=path, line_number=number))
     if not lengths:
         raise ValueError(f"{path} holds no samples (expected {{\"tokens\": [ids]}} per line)")
     return lengths
 
 
-def _row_length(line: str, where: str) -> int:
-    try:
-        tokens = json.loads(line)["tokens"]
-    except (json.JSONDecodeError, KeyError, TypeError, RecursionError):
-        raise ValueError(f"{where}: expected {{\"tokens\": [ids]}}") from None
-    if not isinstance(tokens, list) or len(tokens) < 2:
-        raise ValueError(f"{where}: \"tokens\" must be a list of at least 2 token ids")
-    if len(tokens) - 1 > MAX_TOKENS:
-        raise ValueError(f"{where}: {len(tokens) - 1} positions is more than {MAX_TOKENS}")
-    return len(tokens) - 1
+def _row_length(line: str, *, path: str, line_number: int) -> int:
+    length = row_length(line, path=path, line_number=line_number)
+    if length > MAX_TOKENS:
+        raise ValueError(f"{path}:{line_number}: {length} positions is more than {MAX_TOKENS}")
+    return length
 
 
 def read_indexed_lengths(prefix: str) -> list[int]:

@@ -43,9 +43,9 @@ def test_missing_binary_and_directory_inputs(tmp_path, capsys) -> None:
     _one_line_error(capsys, ["plan", str(tmp_path / "blob"), *LAYOUT], "is not a text file")
     _one_line_error(capsys, ["plan", str(tmp_path), *LAYOUT], "is a directory")
     (tmp_path / "c.jsonl").write_text('{"tokens": [1]}\n')
-    _one_line_error(capsys, ["plan", str(tmp_path / "c.jsonl"), *LAYOUT], "c.jsonl:1: \"tokens\" must be")
+    _one_line_error(capsys, ["plan", str(tmp_path / "c.jsonl"), *LAYOUT], "c.jsonl:1: 'tokens' needs at least 2")
     (tmp_path / "d.jsonl").write_text("not json\n")
-    _one_line_error(capsys, ["plan", str(tmp_path / "d.jsonl"), *LAYOUT], "d.jsonl:1: expected")
+    _one_line_error(capsys, ["plan", str(tmp_path / "d.jsonl"), *LAYOUT], "d.jsonl:1: not a JSON object")
     (tmp_path / "x.bin").write_bytes(b"")
     _one_line_error(capsys, ["plan", str(tmp_path / "x.bin"), *LAYOUT], "needs both PREFIX.bin and PREFIX.idx")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -150,6 +151,24 @@ def test_model_shape_flags_change_the_costs_and_model_shape_file(tmp_path, capsy
 def test_jsonl_lengths_without_torch(tmp_path) -> None:
     path = _write(tmp_path, '{"tokens": [1, 2, 3]}\n\n{"tokens": [4, 5]}\n', "corpus.jsonl")
     assert load_sample_lengths(path) == ([2, 1], "JSONL corpus")
+
+
+def test_jsonl_rows_read_as_training_reads_them(tmp_path) -> None:
+    path = _write(tmp_path, '{"input_ids": [1, 2, 3], "labels": [-100, 2, 3]}\n{"tokens": [4, 5]}\n', "hf.jsonl")
+    assert load_sample_lengths(path) == ([2, 1], "JSONL corpus")
+
+
+@pytest.mark.parametrize(("row", "message"), [
+    ('{"tokens": [1, true, 3]}', "true/false are not ids"),
+    ('{"tokens": [1, 2, 3], "input_ids": [1, 2]}', "both 'tokens' and 'input_ids'"),
+    ('{"tokens": ' + "[" * 200_000 + "]" * 200_000 + "}", "levels deep"),
+    ('{"tokens": [1, -2, 3]}', "negative token id"),
+])
+def test_jsonl_rows_training_refuses_are_refused_naming_the_line(tmp_path, row: str, message: str) -> None:
+    path = _write(tmp_path, '{"tokens": [1, 2]}\n' + row + "\n", "bad.jsonl")
+    with pytest.raises(ValueError, match=re.escape("bad.jsonl:2: ")) as info:
+        load_sample_lengths(path)
+    assert message in str(info.value)
 
 
 def test_planning_in_chunks_equals_one_call() -> None:

@@ -19,6 +19,7 @@ global_batch_size, rollout_indices)`` and what its callers rely on:
 
 from __future__ import annotations
 
+import math
 import random
 from types import SimpleNamespace
 
@@ -86,6 +87,33 @@ def test_static_single_step():
     assert result[2] == [2] and result[3] == [16]
     assert_slime_contract(result, total_lengths=lengths, rollout_indices=rollouts, global_batch_size=16, dp_size=4)
     assert all(len(mb) <= 2 for rank in result[1] for mb in rank)
+
+
+def slime_static_path_raises(step_sizes, *, micro_batch_size, dp_size, vpp_size, group):
+    """slime's static path, as its ``build_dp_schedule`` reads: a step of ``n`` samples packs into
+    ``ceil(n / micro_batch_size)`` micro-batches and raises unless that is a multiple of dp_size (times G with VPP)."""
+    align = dp_size * (group if vpp_size > 1 else 1)
+    return any(math.ceil(n / micro_batch_size) % align != 0 for n in step_sizes)
+
+
+@pytest.mark.parametrize(("samples", "raises"), [(6, True), (10, True), (5, True), (7, False), (8, False)])
+def test_static_step_not_splitting_evenly_raises_as_slime_does(samples, raises):
+    args, tp, lengths = make_args(micro_batch_size=2), make_tp(dp_size=2), [10 + i for i in range(samples)]
+    assert raises == slime_static_path_raises([samples], micro_batch_size=2, dp_size=2, vpp_size=1, group=1)
+    if not raises:
+        build_dp_schedule(args, tp, lengths, global_batch_size=samples, rollout_indices=list(range(samples)))
+        return
+    with pytest.raises(AssertionError, match=r"args\.micro_batch_size=2.*'dp_size'") as info:
+        build_dp_schedule(args, tp, lengths, global_batch_size=samples, rollout_indices=list(range(samples)))
+    assert isinstance(info.value, SlimeScheduleError) and isinstance(info.value, ValueError)
+    assert f"step 0 has {samples} samples" in str(info.value)
+
+
+def test_static_step_with_vpp_must_split_evenly_over_the_groups_too():
+    tp = make_tp(dp_size=2, vpp_size=2, microbatch_group_size_per_vp_stage=2)
+    with pytest.raises(AssertionError, match="not a multiple of 4"):  # 6 micro-batches, dp 2 x G 2
+        build_dp_schedule(make_args(micro_batch_size=2), tp, [5] * 12, 12, list(range(12)))
+    build_dp_schedule(make_args(micro_batch_size=2), tp, [5] * 16, 16, list(range(16)))
 
 
 def test_trims_trailing_rollouts_that_do_not_fill_a_step():
@@ -160,11 +188,16 @@ def test_random_rollouts_keep_the_contract():
         cap = rng.choice([64, 256, 1024])
         args = make_args(use_dynamic_batch_size=dynamic, max_tokens_per_gpu=cap, micro_batch_size=rng.randint(1, 4))
         tp = make_tp(dp, cp_size=rng.choice([1, 2]), vpp_size=vpp, microbatch_group_size_per_vp_stage=group)
+        step_sizes = [sum(rollouts.count(r) for r in range(s * gbs, (s + 1) * gbs)) for s in range(prompts // gbs)]
+        static_raises = not dynamic and slime_static_path_raises(
+            step_sizes, micro_batch_size=args.micro_batch_size, dp_size=dp, vpp_size=vpp, group=group)
         try:
             result = build_dp_schedule(args, tp, lengths, gbs, rollouts)
         except SlimeScheduleError as error:
             assert "samples" in str(error), f"case {case}: {error}"  # too few samples for the step's ranks
+            assert static_raises or "micro_batch_size" not in str(error), f"case {case}: {error}"
             continue
+        assert not static_raises, f"case {case}: slime's static path raises here"
         assert_slime_contract(result, total_lengths=lengths, rollout_indices=rollouts, global_batch_size=gbs,
                               dp_size=dp, cap=cap * tp["cp_size"] if dynamic else None, group=group)
 
