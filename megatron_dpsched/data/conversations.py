@@ -99,7 +99,7 @@ class ConversationJsonlDataset:
 
     def no_loss_notice(self) -> str | None:
         """The warning about the conversations with no loss token (no assistant turn), ``None`` if none."""
-        return no_loss_notice(self.index.trained, source=f"--data-path {self.path}",
+        return no_loss_notice(self.index.trained, source=str(self.path),
                               name=lambda ids: indexed_line_names(self.path, self.index, ids))
 
     def __len__(self) -> int:

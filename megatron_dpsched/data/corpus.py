@@ -92,7 +92,7 @@ class TokenJsonlDataset:
 
     def no_loss_notice(self) -> str | None:
         """The warning about the rows with no loss token (count, first ``file:line``), ``None`` if none."""
-        return no_loss_notice(self.index.trained, source=f"--data-path {self.path}",
+        return no_loss_notice(self.index.trained, source=str(self.path),
                               name=lambda ids: indexed_line_names(self.path, self.index, ids))
 
     def __len__(self) -> int:
