@@ -140,6 +140,14 @@ def open_corpora(args: argparse.Namespace) -> None:
         for prefix in parse_blend(values, flag="--" + name.replace("_", "-"))[0] if values else ():
             if prefix not in corpora:
                 corpora[prefix] = open_data(args, prefix)
+                _warn_no_loss_samples(corpora[prefix])
+
+
+def _warn_no_loss_samples(dataset: Any) -> None:
+    """Rank 0 (``RANK``: before Megatron initializes torch.distributed) names the samples with no loss token."""
+    notice = dataset.no_loss_notice()
+    if notice is not None and int(os.environ.get("RANK", "0")) == 0:
+        print(notice, flush=True)
 
 
 def _has_validation_data(args: argparse.Namespace) -> bool:

@@ -29,6 +29,9 @@ class SubsetDataset:
         self.path = name
         """What the samples are, for messages (``file[begin:end]``)."""
         self.lengths = [dataset.lengths[i] for i in indices]
+        trained = getattr(dataset, "trained_tokens", None)
+        self.trained_tokens = None if trained is None else [trained[i] for i in indices]
+        """The loss tokens of each sample (``None`` where the dataset does not know them)."""
         groups = getattr(dataset, "groups", None)
         self.groups = None if groups is None else [groups[i] for i in indices]
 
@@ -66,6 +69,10 @@ class BlendedDataset:
         sizes = [len(d) for d in self.datasets]
         self.lengths = [self.datasets[d].lengths[k % sizes[d]]
                         for d, k in zip(self.dataset_index, self.sample_index)]
+        trained = [getattr(d, "trained_tokens", None) for d in self.datasets]
+        self.trained_tokens = None if any(t is None for t in trained) else [
+            trained[d][k % sizes[d]] for d, k in zip(self.dataset_index, self.sample_index)]
+        """The loss tokens of each sample (``None`` unless every blended dataset knows them)."""
         self.path = "blend(" + ", ".join(f"{w:g} {getattr(d, 'path', d)}" for w, d in zip(weights, datasets)) + ")"
         """What the samples are, for messages."""
         self.groups = None

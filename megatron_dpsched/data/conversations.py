@@ -26,8 +26,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from megatron_dpsched.data.corpus import sample_tensors
+from megatron_dpsched.data.corpus import indexed_line_names, sample_tensors
 from megatron_dpsched.data.line_index import IntArrayView, LineReader, line_number_at, open_index
+from megatron_dpsched.data.no_loss import no_loss_notice
+from megatron_dpsched.data.rows import trained_positions
 
 SFT_TOKENIZER = "SFTTokenizer"
 """The ``--tokenizer-type`` whose ``tokenize_conversation`` masks prompts (Megatron 0.19)."""
@@ -91,7 +93,14 @@ class ConversationJsonlDataset:
         if len(self.index) == 0:
             raise ValueError(f"--data-path {self.path} holds no conversations")
         self.lengths = IntArrayView(self.index.lengths)
+        self.trained_tokens = IntArrayView(self.index.trained)
+        """The loss tokens of each conversation (its assistant tokens; from the length index)."""
         self._reader = LineReader(self.path)
+
+    def no_loss_notice(self) -> str | None:
+        """The warning about the conversations with no loss token (no assistant turn), ``None`` if none."""
+        return no_loss_notice(self.index.trained, source=str(self.path),
+                              name=lambda ids: indexed_line_names(self.path, self.index, ids))
 
     def __len__(self) -> int:
         return len(self.index)
@@ -120,9 +129,12 @@ class ConversationJsonlDataset:
             raise ValueError(f"{where}: a conversation of {tokens.size} tokens has nothing to predict")
         return tokens, targets
 
-    def _measure(self, line: bytes, number: int) -> list[int]:
-        return [self._tokenize(c, f"{self.path}:{number}")[0].size - 1
-                for c in self._conversations(line, number)]
+    def _measure(self, line: bytes, number: int) -> list[tuple[int, int]]:
+        measured = []
+        for conversation in self._conversations(line, number):
+            tokens, targets = self._tokenize(conversation, f"{self.path}:{number}")
+            measured.append((tokens.size - 1, trained_positions(tokens, targets, pad_ids=self.pad_ids)))
+        return measured
 
     def tokens_and_targets(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         """Megatron's ``(tokens, targets)`` of conversation ``index``."""

@@ -1,8 +1,11 @@
 """Variable-length token corpora: JSONL rows of token ids (optionally masked) or Megatron's indexed dataset.
 
 Every dataset here is map-style: ``len(ds)``, ``ds[i] -> {"tokens", "labels"[, "loss_mask"]}`` (1-D
-tensors of the sample's length; ``loss_mask`` only where some position is not trained) and ``ds.lengths``
-(a ``Sequence[int]``, the sample lengths the planner packs: positions, masked ones included).
+tensors of the sample's length; ``loss_mask`` only where some position is not trained), ``ds.lengths``
+(a ``Sequence[int]``, the sample lengths the planner packs: positions, masked ones included) and
+``ds.trained_tokens`` (the loss tokens of each sample, ``None`` where not known without reading every sample:
+an indexed dataset with a sidecar mask); ``ds.no_loss_notice()`` words the warning about the samples with no
+loss token (:mod:`.no_loss`), ``None`` if there is none.
 
 * :class:`TokenJsonlDataset`: one row per line (``{"tokens"}``, ``{"tokens", "loss_mask"}`` or
   ``{"input_ids", "labels"}``, see :mod:`.rows`), read by byte offset through a cached length index
@@ -24,8 +27,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from megatron_dpsched.data.line_index import IntArrayView, LineReader, line_number_at, open_index
-from megatron_dpsched.data.rows import IGNORE_INDEX, parse_row, row_length, shifted
+from megatron_dpsched.data.line_index import (
+    IntArrayView,
+    LineIndex,
+    LineReader,
+    line_number_at,
+    line_numbers_at,
+    open_index,
+)
+from megatron_dpsched.data.no_loss import no_loss_notice
+from megatron_dpsched.data.rows import IGNORE_INDEX, parse_row, row_measure, shifted
 
 MASK_SUFFIX = "_mask"
 """``PREFIX`` + this is the sidecar mask of the indexed dataset ``PREFIX``."""
@@ -40,6 +51,14 @@ def sample_tensors(tokens: np.ndarray, targets: np.ndarray | None, *, pad_ids: t
     if mask is not None:
         sample["loss_mask"] = torch.from_numpy(mask.astype(np.float32))
     return sample
+
+
+def indexed_line_names(path: Path, index: LineIndex, ids: Sequence[int]) -> list[str]:
+    """``file:line`` of samples ``ids`` (ascending) of a JSONL file's index, ``file:line (conversation k)`` for
+    the k-th (from 1) of several samples of one line."""
+    numbers = line_numbers_at(path, [int(index.offsets[i]) for i in ids])
+    return [f"{path}:{number}" + (f" (conversation {int(index.parts[i]) + 1})" if index.parts[i] else "")
+            for i, number in zip(ids, numbers)]
 
 
 class TokenJsonlDataset:
@@ -64,10 +83,17 @@ class TokenJsonlDataset:
         if len(self.index) == 0:
             raise ValueError(f"--data-path {self.path} holds no samples")
         self.lengths = IntArrayView(self.index.lengths)
+        self.trained_tokens = IntArrayView(self.index.trained)
+        """The loss tokens of each sample (from the length index)."""
         self._reader = LineReader(self.path)
 
-    def _measure(self, line: bytes, number: int) -> tuple[int]:
-        return (row_length(line, path=self.path, line_number=number),)
+    def _measure(self, line: bytes, number: int) -> tuple[tuple[int, int]]:
+        return (row_measure(line, path=self.path, line_number=number),)
+
+    def no_loss_notice(self) -> str | None:
+        """The warning about the rows with no loss token (count, first ``file:line``), ``None`` if none."""
+        return no_loss_notice(self.index.trained, source=str(self.path),
+                              name=lambda ids: indexed_line_names(self.path, self.index, ids))
 
     def __len__(self) -> int:
         return len(self.index)
@@ -121,6 +147,13 @@ class IndexedTokenDataset:
         self.lengths = [int(n) - 1 for n in lengths]
         self.mask_path = self.path.with_name(self.path.name + MASK_SUFFIX)
         self._mask = _open_sidecar_mask(self.mask_path, lengths) if mask else None
+        self.trained_tokens = self.lengths if self._mask is None else None
+        """The loss tokens of each sample: every position without a sidecar mask; ``None`` with one (counting
+        them would read the whole mask)."""
+
+    def no_loss_notice(self) -> str | None:
+        """``None``: without a sidecar mask every sample is trained; with one, samples are not counted."""
+        return None
 
     def __len__(self) -> int:
         return len(self.lengths)

@@ -1,8 +1,11 @@
-"""A length index of a JSONL file: byte offset and token length of every sample, built once and cached.
+"""A length index of a JSONL file: byte offset, token length and trained positions of every sample, built once
+and cached.
 
-Reading a corpus never loads it whole: the index (numpy arrays, 16 bytes per sample) says where each
-sample's line starts and how many positions it has, so the planner gets every length at start-up and a
-sample's line is read (``seek`` + ``readline``) only when its micro-batch is collated.
+Reading a corpus never loads it whole: the index (numpy arrays, 20 bytes per sample) says where each
+sample's line starts, how many positions it has and how many of them are trained (loss tokens: a row whose
+labels are all ignored has 0), so the planner gets every length at start-up, the reader can count the samples
+with no loss token without reading the file again, and a sample's line is read (``seek`` + ``readline``) only
+when its micro-batch is collated.
 
 The index is stored as ``<file>.dpsched-index.npz`` beside the file or, when ``DPSCHED_CACHE_DIR`` is
 set, in that folder (named after a hash of the file's absolute path). It records the file's size,
@@ -32,11 +35,13 @@ import numpy as np
 
 CACHE_DIR_ENV = "DPSCHED_CACHE_DIR"
 """Environment variable naming a folder for length indexes (default: beside each file)."""
-INDEX_VERSION = 2
+INDEX_VERSION = 3
+"""3: the index also stores each sample's trained positions (``trained``)."""
 SUFFIX = ".dpsched-index.npz"
 
-LineMeasure = Callable[[bytes, int], Sequence[int]]
-"""``measure(line, line_number)``: the lengths of the samples the line holds (validating it)."""
+LineMeasure = Callable[[bytes, int], Sequence[int | tuple[int, int]]]
+"""``measure(line, line_number)``: the samples the line holds (validating it), each as its length or as
+``(length, trained positions)`` (a bare length: every position is trained)."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,8 @@ class LineIndex:
     """int32 index of the sample within its line (0 unless a line holds several, e.g. conversations)."""
     lengths: np.ndarray
     """int32 sample lengths (positions)."""
+    trained: np.ndarray
+    """int32 trained positions (loss tokens) of each sample, at most its length (0: no loss token)."""
     rebuilt: bool = False
     """Whether this open built the index (``False``: read from the cache)."""
 
@@ -90,7 +97,7 @@ def _load(cache: Path, stamp: dict[str, object]) -> LineIndex | None:
         with np.load(cache, allow_pickle=False) as stored:
             if json.loads(str(stored["meta"])) != stamp:
                 return None
-            return LineIndex(stored["offsets"], stored["parts"], stored["lengths"])
+            return LineIndex(stored["offsets"], stored["parts"], stored["lengths"], stored["trained"])
     except (OSError, ValueError, KeyError):
         return None
 
@@ -101,7 +108,7 @@ def _save(cache: Path, index: LineIndex, stamp: dict[str, object]) -> None:
         cache.parent.mkdir(parents=True, exist_ok=True)
         with open(temporary, "wb") as out:
             np.savez(out, meta=np.array(json.dumps(stamp)), offsets=index.offsets, parts=index.parts,
-                     lengths=index.lengths)
+                     lengths=index.lengths, trained=index.trained)
         os.replace(temporary, cache)
     except OSError as error:
         with contextlib.suppress(OSError):
@@ -121,17 +128,20 @@ def iterate_lines(path: Path) -> Iterator[tuple[int, int, bytes]]:
 
 def build_index(path: Path, measure: LineMeasure) -> LineIndex:
     """Read ``path`` once, measuring every non-blank line."""
-    offsets, parts, lengths = array("q"), array("i"), array("i")
+    offsets, parts, lengths, trained = array("q"), array("i"), array("i"), array("i")
     for number, offset, line in iterate_lines(path):
         if not line.strip():
             continue
-        for part, length in enumerate(measure(line, number)):
+        for part, measured in enumerate(measure(line, number)):
+            length, positions = measured if isinstance(measured, tuple) else (measured, measured)
+            assert 0 <= positions <= length, (path, number, measured)
             offsets.append(offset)
             parts.append(part)
             lengths.append(length)
+            trained.append(positions)
     as_array = np.frombuffer
     return LineIndex(as_array(offsets, dtype=np.int64), as_array(parts, dtype=np.int32),
-                     as_array(lengths, dtype=np.int32), rebuilt=True)
+                     as_array(lengths, dtype=np.int32), as_array(trained, dtype=np.int32), rebuilt=True)
 
 
 def open_index(path: str | Path, *, kind: str, measure: LineMeasure) -> LineIndex:
@@ -159,6 +169,23 @@ def line_number_at(path: Path, offset: int) -> int:
             count += chunk.count(b"\n")
             done += len(chunk)
     return count
+
+
+def line_numbers_at(path: Path, offsets: Sequence[int]) -> list[int]:
+    """The 1-based line numbers of the lines starting at ``offsets`` (ascending), reading the file once up to the
+    last of them (for messages only)."""
+    numbers, count, done = [], 1, 0
+    with open(path, "rb") as source:
+        for offset in offsets:
+            assert offset >= done, "offsets must ascend"
+            while done < offset:
+                chunk = source.read(min(1 << 20, offset - done))
+                if not chunk:
+                    break
+                count += chunk.count(b"\n")
+                done += len(chunk)
+            numbers.append(count)
+    return numbers
 
 
 class LineReader:

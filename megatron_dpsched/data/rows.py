@@ -26,7 +26,8 @@ import numpy as np
 
 from megatron_dpsched.data.contract import IGNORE_INDEX, Place, check_ids, check_loss_mask, require_json_depth
 
-__all__ = ["IGNORE_INDEX", "MAX_JSON_DEPTH", "TokenRow", "parse_row", "row_length", "shifted"]
+__all__ = ["IGNORE_INDEX", "MAX_JSON_DEPTH", "TokenRow", "parse_row", "row_length", "row_measure", "shifted",
+           "trained_positions"]
 
 MAX_JSON_DEPTH = 16
 """Deepest nesting of a row read (a token row nests 2 deep)."""
@@ -128,6 +129,18 @@ def parse_row(line: str | bytes, *, path: Path | str, line_number: int, vocab_si
 def row_length(line: str | bytes, *, path: Path | str, line_number: int) -> int:
     """The sample length of one JSONL line (validating it as :func:`parse_row` does)."""
     return parse_row(line, path=path, line_number=line_number).num_positions
+
+
+def row_measure(line: str | bytes, *, path: Path | str, line_number: int) -> tuple[int, int]:
+    """``(length, trained positions)`` of one JSONL line (validating it as :func:`parse_row` does)."""
+    row = parse_row(line, path=path, line_number=line_number)
+    return row.num_positions, trained_positions(row.tokens, row.targets)
+
+
+def trained_positions(tokens: np.ndarray, targets: np.ndarray | None, *, pad_ids: tuple[int, ...] = ()) -> int:
+    """The loss tokens of a row: positions whose target is trained (the ``loss_mask`` of :func:`shifted`)."""
+    mask = shifted(tokens, targets, pad_ids=pad_ids)[2]
+    return int(tokens.size) - 1 if mask is None else int(np.count_nonzero(mask))
 
 
 def shifted(tokens: np.ndarray, targets: np.ndarray | None, *, pad_ids: tuple[int, ...] = ()

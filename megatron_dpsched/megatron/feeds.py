@@ -89,6 +89,10 @@ class StepBatches:
     content: int = field(default=0, compare=False)
     """Digest of the token ids of every sample of the step (all ranks'), in stream order, folded into
     ``fingerprint`` (:meth:`StepFeed.content_digest`; 0: not taken)."""
+    loss_tokens: int | None = field(default=None, compare=False)
+    """Loss tokens of the whole step over all data-parallel ranks, from the dataset's ``trained_tokens`` (every
+    rank sums them over the step's samples: no collective); ``None`` where the dataset does not give them. 0:
+    the step trains nothing (Megatron steps the optimizer with zero gradients)."""
 
     @property
     def num_microbatches(self) -> int:
@@ -499,6 +503,8 @@ class ScheduledDatasetLoader(StepFeed):
     dataset order; :class:`~megatron_dpsched.data.sampling.SampleOrder` gives cyclic epochs
     and groups); step after step takes the next ``global_batch_size`` samples (groups) from
     ``consumed_samples`` on, so a resume from any position continues with the same plans.
+    ``trained_tokens`` (optional, one per sample: its loss tokens, e.g. the dataset's ``trained_tokens``) gives
+    each step's :attr:`StepBatches.loss_tokens`.
     """
 
     length_source = "the dataset's lengths"
@@ -512,6 +518,7 @@ class ScheduledDatasetLoader(StepFeed):
         schedule_kwargs: Mapping[str, Any],
         consumed_samples: int = 0,
         order: SampleOrder | None = None,
+        trained_tokens: Sequence[int] | None = None,
         **feed_kwargs: Any,
     ) -> None:
         super().__init__(rank=rank, **feed_kwargs)
@@ -529,6 +536,10 @@ class ScheduledDatasetLoader(StepFeed):
         line, which is cheaper than parsing it for :func:`sample_digest`."""
         self.lengths = require_lengths(lengths, name=f"{type(dataset).__name__}.lengths")
         require_samples(dataset, needed=len(self.lengths), name=type(dataset).__name__)
+        if trained_tokens is not None and len(trained_tokens) != len(self.lengths):
+            raise ValueError(f"trained_tokens holds {len(trained_tokens)} entries for {len(self.lengths)} samples")
+        self.trained_tokens = trained_tokens
+        """The loss tokens of each sample (``None``: not known; steps then carry no ``loss_tokens``)."""
         self.order = SampleOrder(len(self.lengths)) if order is None else order
         if self.order.num_samples != len(self.lengths):
             raise ValueError(f"the sample order covers {self.order.num_samples} samples, the dataset "
@@ -590,6 +601,7 @@ class ScheduledDatasetLoader(StepFeed):
             plan=plan,
             plan_seconds=seconds,
             content=content,
+            loss_tokens=None if self.trained_tokens is None else sum(self.trained_tokens[i] for i in ids),
         )
         return batches, plan
 

@@ -167,6 +167,7 @@ def build_feed(
         schedule_kwargs=kwargs,
         consumed_samples=_start_of(role, args),
         order=order,
+        trained_tokens=getattr(dataset, "trained_tokens", None),
         num_chunks=args.virtual_pipeline_model_parallel_size or 1,
         collate=collate,
         verify=options.verify,

@@ -15,6 +15,9 @@ when Megatron has a W&B writer), and the last rank prints one line every
 * ``empty-micro-batches``: zero-weight dummies over all ranks;
 * ``over-cap-samples`` / ``over-cap-longest``: with a token cap, the step's samples over the cap (each trains
   alone in a micro-batch over it; ``--dp-schedule-over-cap``) and the longest of them in tokens (0 if none);
+* ``loss-tokens``: the step's loss tokens over all ranks, where the dataset gives each sample's
+  (``trained_tokens``); a step with none is named on every iteration, whatever the interval
+  (:data:`NO_LOSS_WARNING`: Megatron steps the optimizer with zero gradients and its lm loss is 0/0);
 * ``plan-seconds``: this rank's wall time planning the step;
 * ``tokens-per-second``: the step's real tokens over the wall time since the
   previous logged iteration's end (text log only).
@@ -31,6 +34,10 @@ from megatron_dpsched.megatron.feeds import StepBatches
 from megatron_dpsched.over_cap import step_over_cap
 
 PREFIX = "dp-schedule/"
+NO_LOSS_WARNING = ("WARNING: no loss token in this step (every target of its samples is ignored): the optimizer "
+                   "steps with zero gradients, the learning rate advances, and Megatron's lm loss is 0/0, left out "
+                   "of its log line (docs/data.md, 'Samples and steps with no loss token')")
+"""What the log says of a step whose samples hold no loss token."""
 _last_time: list[float] = []
 
 
@@ -54,6 +61,7 @@ def step_figures(step: StepBatches, collate: CollateConfig) -> dict[str, float]:
     over = step_over_cap(plan.lengths, [i for mb in batches for i in mb], token_cap=plan.config.token_cap,
                          pad_multiple=plan.config.pad_multiple)
     over_cap = {} if over is None else {"over-cap-samples": over.count, "over-cap-longest": over.longest}
+    loss_tokens = {} if step.loss_tokens is None else {"loss-tokens": step.loss_tokens}
     return {
         "micro-batches": stats.num_microbatches,
         "tokens-per-rank-min": min(stats.rank_tokens),
@@ -64,6 +72,7 @@ def step_figures(step: StepBatches, collate: CollateConfig) -> dict[str, float]:
         "padding": 1.0 - stats.tokens / positions,
         "empty-micro-batches": stats.empty_microbatches,
         **over_cap,
+        **loss_tokens,
         "plan-seconds": step.plan_seconds,
     }
 
@@ -76,6 +85,8 @@ def log_step(step: StepBatches, collate: CollateConfig, *, iteration: int) -> No
     now = time.perf_counter()
     seconds = now - _last_time[0] if _last_time else None
     _last_time[:] = [now]
+    if step.loss_tokens == 0:
+        _print_last(f" dp-schedule step {step.step}: {NO_LOSS_WARNING}")
     writer, wandb = get_tensorboard_writer(), get_wandb_writer()
     to_writers = (writer or wandb) and iteration % args.tensorboard_log_interval == 0
     to_text = iteration % args.log_interval == 0
@@ -101,10 +112,11 @@ def _text(step: StepBatches, figures: dict[str, float], seconds: float | None) -
     rate = f" | tokens/s {tokens / seconds:,.0f}" if seconds else ""
     over = (f" | over cap {figures['over-cap-samples']} (longest {figures['over-cap-longest']})"
             if "over-cap-samples" in figures else "")
+    loss = f" | loss tokens {figures['loss-tokens']}" if "loss-tokens" in figures else ""
     return (f" dp-schedule step {step.step}: micro-batches per rank {figures['micro-batches']} | "
             f"tokens per rank min/mean/max {figures['tokens-per-rank-min']}/{figures['tokens-per-rank-mean']:.0f}/"
             f"{figures['tokens-per-rank-max']} | imbalance {figures['imbalance']:.3f} | padding "
-            f"{figures['padding']:.1%} | empty micro-batches {figures['empty-micro-batches']}{over} | plan "
+            f"{figures['padding']:.1%} | empty micro-batches {figures['empty-micro-batches']}{over}{loss} | plan "
             f"{figures['plan-seconds'] * 1e3:.1f} ms{rate}")
 
 

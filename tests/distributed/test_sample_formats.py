@@ -143,3 +143,33 @@ def test_a_row_whose_length_changed_under_its_index_fails_naming_the_file(tmp_pa
     path.write_text('{"tokens": [1, 2, 3]}\n{"tokens": [4, 5, 6, 7]}\n')  # a running job keeps its index
     with pytest.raises(ValueError, match=r"d.jsonl:2: the row has 3 positions, its length index says 2"):
         dataset[1]
+
+
+def test_conversations_with_no_assistant_turn_are_counted_and_named(tmp_path: Path, sft_format) -> None:
+    """A conversation of system and user turns only has no loss token: counted from the index (cached with the
+    lengths), named FILE:LINE, with the conversation's place in a line of several."""
+    asked = [{"role": "system", "content": "ok"}, {"role": "user", "content": "what is three"}]
+    lines = [conversation(0), asked, [*conversation(1), *asked], conversation(2)]
+    path = tmp_path / "conv.jsonl"
+    path.write_text("".join(json.dumps({"messages": m}) + "\n" for m in lines))
+    data = ConversationJsonlDataset(path, sft_format)
+    convs = [conversation(0), asked, conversation(1), asked, conversation(2)]
+    assert list(data.trained_tokens) == [sum(expected_mask(c)) for c in convs]
+    assert [data[i]["loss_mask"].sum().item() for i in range(len(data))] == list(data.trained_tokens)
+    notice = data.no_loss_notice()
+    assert notice is not None and f"{path}: 2 of 5 samples have no loss token" in notice, notice
+    assert f"{path}:2, {path}:3 (conversation 2). They train nothing" in notice, notice
+    again = ConversationJsonlDataset(path, sft_format)
+    assert not again.index.rebuilt and again.no_loss_notice() == notice
+
+
+def test_jsonl_and_indexed_datasets_give_their_loss_tokens(tmp_path: Path) -> None:
+    rows = [{"tokens": [1, 2, 3]}, {"input_ids": [4, 5, 6], "labels": [-100, -100, -100]},
+            {"tokens": [7, 8, 9, 10], "loss_mask": [1, 1, 0, 1]}]
+    data = TokenJsonlDataset(write_token_jsonl(tmp_path / "rows.jsonl", rows))
+    assert list(data.trained_tokens) == [int(data[i].get("loss_mask", torch.ones(2)).sum()) for i in range(3)]
+    assert list(data.trained_tokens) == [2, 0, 2] and f"{data.path}:2. They" in data.no_loss_notice()
+    plain = IndexedTokenDataset(write_token_indexed(tmp_path / "plain", [[1, 2, 3], [4, 5]]))
+    assert plain.trained_tokens == plain.lengths and plain.no_loss_notice() is None
+    masked = IndexedTokenDataset(write_token_indexed(tmp_path / "masked", [[1, 2, 3]], masks=[[1, 0, 0]]))
+    assert masked.trained_tokens is None  # not counted: that would read the whole mask
