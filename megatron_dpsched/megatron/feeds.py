@@ -48,6 +48,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from megatron_dpsched.core import DPSchedule, ScheduleConfig, ScheduleInvariantError, plan_schedule
 from megatron_dpsched.core.validation import is_int, require_int, require_lengths
 from megatron_dpsched.data.contract import (
@@ -626,8 +628,20 @@ def sample_digest(sample: Mapping[str, Any]) -> int:
     for key in ("tokens", "labels"):
         value = sample.get(key)
         if value is not None:
-            digest.update(value.detach().cpu().contiguous().numpy())
+            digest.update(_content_bytes(value))
     return int.from_bytes(digest.digest(), "little")
+
+
+def _content_bytes(value: Any) -> bytes:
+    """The bytes a digest covers: a tensor's (any dtype, bfloat16 too), else the value's ``repr``. Never raises on
+    a malformed sample: the sample contract refuses it, naming it, when its micro-batch is collated."""
+    if not hasattr(value, "detach"):
+        return repr(value).encode()
+    tensor = value.detach().cpu().contiguous()
+    try:
+        return tensor.numpy().tobytes()
+    except TypeError:  # a dtype numpy lacks (bfloat16): its raw bytes
+        return tensor.reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
 def _with_ids(fingerprint: int, ids: Sequence[int]) -> int:

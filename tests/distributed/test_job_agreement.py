@@ -60,8 +60,8 @@ def test_same_lengths_other_content_stop_every_rank_before_the_model(tmp_path: P
     log = _log(proc)
     assert proc.returncode != 0, "the job trained on two different corpora"
     assert time.monotonic() - started < FAIL_WITHIN_S
-    message = _one_message(log, "dp-schedule: the ranks of this job disagree on")
-    assert message.startswith("dp-schedule: the ranks of this job disagree on data content ("), message
+    message = _one_message(log, "the ranks of this job disagree on")
+    assert message.startswith("the ranks of this job disagree on data content ("), message
     assert re.search(r"ranks 0 have 'corpus.jsonl: [0-9a-f]{16}'; ranks 1 have 'corpus.jsonl: [0-9a-f]{16}'",
                      message), message
     assert log.count(message) == 2, "every rank must raise it"
@@ -97,8 +97,8 @@ def test_dp_schedule_on_one_rank_only_fails_within_seconds_naming_the_flag(corpo
     log = _log(proc)
     assert proc.returncode != 0
     assert time.monotonic() - started < FAIL_WITHIN_S
-    message = _one_message(log, "dp-schedule: the ranks of this job disagree on")
-    assert message.startswith("dp-schedule: the ranks of this job disagree on --dp-schedule, "), message
+    message = _one_message(log, "the ranks of this job disagree on")
+    assert message.startswith("the ranks of this job disagree on --dp-schedule, "), message
     assert "--dp-schedule: ranks 0 have 'on'; ranks 1 have 'off'" in message
     assert log.count(message) == 2, "every rank must raise it"
     assert MODEL_BUILT not in log
@@ -132,7 +132,7 @@ def test_a_resume_with_other_data_fails_naming_it_unless_allowed(corpora, checkp
     refused = torchrun(_argv(str(second), "--load", str(checkpoint), train_iters=4), nproc=2)
     log = _log(refused)
     assert refused.returncode != 0
-    message = _one_message(log, "dp-schedule: resuming iteration 2 of")
+    message = _one_message(log, "resuming iteration 2 of")
     assert f"data paths: \"data_path=['{first}'], split='100,0,0'\" -> \"data_path=['{second}']" in message, message
     assert "data content:" in message and "--dp-schedule-changed-resume allow" in message
     assert "iteration        3/" not in log
