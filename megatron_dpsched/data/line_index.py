@@ -160,15 +160,7 @@ def open_index(path: str | Path, *, kind: str, measure: LineMeasure) -> LineInde
 
 def line_number_at(path: Path, offset: int) -> int:
     """The 1-based number of the line starting at byte ``offset`` (for error messages only: reads the file)."""
-    count, done = 1, 0
-    with open(path, "rb") as source:
-        while done < offset:
-            chunk = source.read(min(1 << 20, offset - done))
-            if not chunk:
-                break
-            count += chunk.count(b"\n")
-            done += len(chunk)
-    return count
+    return line_numbers_at(path, [offset])[0]
 
 
 def line_numbers_at(path: Path, offsets: Sequence[int]) -> list[int]:
