@@ -1,7 +1,7 @@
 """``examples/rl_controller.py`` end to end: rollouts planned by the controller, trained by gloo trainer ranks.
 
-The jobs are docs/rl.md's two commands, run exactly as written (relative ``--out`` and ``--resume``
-paths, from the repository root): one trains 3 rollouts on 2 trainer ranks and saves its state after 2;
+The jobs are the README's two commands (the same in docs/rl.md), run exactly as written (relative ``--out``
+and ``--resume`` paths, from the repository root): one trains 3 rollouts on 2 trainer ranks and saves its state after 2;
 the second resumes from that state. Every rank's records are checked: each rollout sample trained exactly once, in the
 micro-batches of the shipped plan, finite losses, Megatron's counters advanced by the samples
 trained; the resumed job makes the same next plan and trains it with the same losses and counters.
@@ -21,7 +21,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "rl_controller.py"
-DP = 2  # the example's defaults, which docs/rl.md's commands keep
+DP = 2  # the example's defaults, which the README's commands keep
 ROLLOUTS = 3
 
 pytestmark = pytest.mark.distributed
@@ -35,11 +35,15 @@ def plan(out: Path, rollout: int) -> dict:
     return json.loads((out / "plans" / f"rollout_{rollout}.json").read_text())
 
 
-def readme_commands() -> list[list[str]]:
-    """docs/rl.md's ``examples/rl_controller.py`` command lines, split as a shell would (comments dropped)."""
-    text = (REPO / "docs" / "rl.md").read_text()
+def readme_commands(page: str = "README.md") -> list[list[str]]:
+    """The ``examples/rl_controller.py`` command lines of ``page``, split as a shell would (comments dropped)."""
+    text = (REPO / page).read_text()
     lines = [line for line in text.splitlines() if line.startswith(".venv/bin/python examples/rl_controller.py")]
     return [shlex.split(line, comments=True) for line in lines]
+
+
+def test_the_readme_and_docs_rl_show_the_same_commands() -> None:
+    assert len(readme_commands()) == 2 and readme_commands() == readme_commands("docs/rl.md")
 
 
 def run_as_written(argv: list[str]) -> None:
@@ -55,8 +59,8 @@ def option(argv: list[str], name: str) -> str:
 
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """docs/rl.md's two jobs, run as written; their outputs copied out of the checkout (and removed from it
-    when they were not there before)."""
+    """The README's two jobs (the same in docs/rl.md), run as written; their outputs copied out of the checkout
+    (and removed from it when they were not there before)."""
     first, second = readme_commands()
     assert "--save-state-after" in first and "--resume" in second, (first, second)
     assert not Path(option(first, "--out")).is_absolute() and option(second, "--resume").startswith(
