@@ -73,6 +73,7 @@ from megatron_dpsched.megatron import (  # noqa: E402
 )
 from megatron_dpsched.megatron.failures import debug_requested, exit_with_line, one_line_errors  # noqa: E402
 from megatron_dpsched.megatron.prechecks import check_before_megatron, check_training_data  # noqa: E402
+from megatron_dpsched.megatron.ranks import print_rank_0  # noqa: E402
 from megatron_dpsched.megatron.step_stats import StepRecorder, write_plan  # noqa: E402
 from megatron_dpsched.options import exit_on_bad_flags  # noqa: E402
 
@@ -146,8 +147,8 @@ def open_corpora(args: argparse.Namespace) -> None:
 def _warn_no_loss_samples(dataset: Any) -> None:
     """Rank 0 (``RANK``: before Megatron initializes torch.distributed) names the samples with no loss token."""
     notice = dataset.no_loss_notice()
-    if notice is not None and int(os.environ.get("RANK", "0")) == 0:
-        print(notice, flush=True)
+    if notice is not None:
+        print_rank_0(notice)
 
 
 def _has_validation_data(args: argparse.Namespace) -> bool:

@@ -37,6 +37,7 @@ from pathlib import Path
 from types import TracebackType
 
 import megatron_dpsched
+from megatron_dpsched.megatron.ranks import global_rank
 
 DEBUG_ENV = "DPSCHED_DEBUG"
 """Set to 1 to get the traceback instead of the one line."""
@@ -126,7 +127,7 @@ def exit_with_line(error: BaseException, *, prefix: str | None = None) -> None:
     """Print :func:`failure_line` (or ``prefix`` and the message: a flag error, the same on every rank; rank 0
     at once, others after :data:`OTHER_RANKS_DELAY_S`), record it for torchrun, and end the process with
     :data:`EXIT_CODE`."""
-    rank = _rank()
+    rank = global_rank()
     line = failure_line(error, rank=rank, step=_step()) if prefix is None else prefix + one_line(error)
     if rank:
         time.sleep(OTHER_RANKS_DELAY_S)
@@ -134,15 +135,6 @@ def exit_with_line(error: BaseException, *, prefix: str | None = None) -> None:
     sys.stdout.flush()
     print(line, file=sys.stderr, flush=True)
     os._exit(EXIT_CODE)
-
-
-def _rank() -> int | None:
-    """The global rank (from the process group, else torchrun's ``RANK``), ``None`` outside a job."""
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
-        return int(torch.distributed.get_rank())
-    rank = os.environ.get("RANK")
-    return int(rank) if rank is not None and rank.isdigit() else None
 
 
 def _step() -> int | None:

@@ -63,10 +63,9 @@ from megatron_dpsched.data.sampling import SampleOrder
 from megatron_dpsched.job_identity import fold_digests
 from megatron_dpsched.megatron.collate import CollateConfig, collate_micro_batch, require_padding_agreement
 from megatron_dpsched.megatron.prefetch import PreparedStep, StepPrefetcher
-from megatron_dpsched.options import VERIFY_LEVELS
+from megatron_dpsched.options import CAP_COUNTS, VERIFY_LEVELS
 
 SampleSource = Callable[[int], Mapping[str, Any]] | Sequence[Mapping[str, Any]]
-CAP_COUNTS = ("padded", "tokens")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -50,6 +50,7 @@ from megatron_dpsched.job_identity import (
 )
 from megatron_dpsched.megatron.arguments import DPScheduleOptions, schedule_kwargs_from_args
 from megatron_dpsched.megatron.feeds import ScheduledDatasetLoader, StepBatches, StepFeed
+from megatron_dpsched.megatron.ranks import global_rank, print_rank_0
 
 _TARGET = "megatron.training.training"
 _WRAPPED = {"setup_model_and_optimizer": "pretrain", "save_checkpoint": "save_checkpoint_and_time"}
@@ -148,7 +149,7 @@ def _setup_model_and_optimizer(*args: Any, **kwargs: Any) -> Any:
     agree_on_job(identity)
     _state["identity"] = identity
     if getattr(megatron_args, "dp_schedule", False):
-        _print_rank_0(f"dp-schedule: every rank agrees on the job ({', '.join(FIELDS)}) "
+        print_rank_0(f"dp-schedule: every rank agrees on the job ({', '.join(FIELDS)}) "
                       f"in {(time.perf_counter() - started) * 1e3:.1f} ms")
     result = _originals["setup_model_and_optimizer"](*args, **kwargs)
     check_resume(megatron_args, identity)
@@ -174,7 +175,7 @@ def write_state(iteration: int, *, train_data_iterator: Any) -> None:
 
     args = get_args()
     identity = _state.get("identity")
-    if not getattr(args, "dp_schedule", False) or identity is None or _rank() != 0 or not args.save:
+    if not getattr(args, "dp_schedule", False) or identity is None or global_rank() not in (None, 0) or not args.save:
         return
     feed = find_step_feed(train_data_iterator)
     next_step = next_step_of(feed, int(args.consumed_train_samples)) if feed is not None else None
@@ -205,7 +206,7 @@ def check_resume(args: Any, identity: JobIdentity) -> None:
     path = os.path.join(args.load, f"iter_{args.iteration:07d}", STATE_FILE)
     state = read_state(path)
     if state is None:
-        _print_rank_0(f"dp-schedule: WARNING: {path} does not exist (a checkpoint saved without --dp-schedule): "
+        print_rank_0(f"dp-schedule: WARNING: {path} does not exist (a checkpoint saved without --dp-schedule): "
                       f"this resume cannot be checked against the data and options it was saved with")
         return
     changes = resume_changes(state["job"], identity)
@@ -216,7 +217,7 @@ def check_resume(args: Any, identity: JobIdentity) -> None:
                          f"Resume with what the checkpoint was saved with, or give {ALLOW_FLAG} to go on with "
                          f"the changes")
     if changes:
-        _print_rank_0(f"dp-schedule: WARNING: resuming {where} with changes ({ALLOW_FLAG}): {'; '.join(changes)}")
+        print_rank_0(f"dp-schedule: WARNING: resuming {where} with changes ({ALLOW_FLAG}): {'; '.join(changes)}")
     _state["resume"] = {"changes": changes, "next_step": state.get("next_step"), "path": path, "allowed": allowed}
 
 
@@ -239,7 +240,7 @@ def check_resumed_step(feed: StepFeed, step: StepBatches) -> None:
     if not resume["allowed"]:
         raise ValueError(f"dp-schedule: {message}. Resume with the data and version the checkpoint was saved "
                          f"with, or give {ALLOW_FLAG} to go on")
-    _print_rank_0(f"dp-schedule: WARNING: {message} ({ALLOW_FLAG})")
+    print_rank_0(f"dp-schedule: WARNING: {message} ({ALLOW_FLAG})")
 
 
 # --- helpers ---------------------------------------------------------------------------------------
@@ -255,12 +256,3 @@ def _listing(values: dict[str, Any]) -> str:
     return ", ".join(f"{name}={value!r}" for name, value in sorted(values.items()))
 
 
-def _rank() -> int:
-    import torch.distributed as dist
-
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
-def _print_rank_0(message: str) -> None:
-    if _rank() == 0:
-        print(message, flush=True)

@@ -15,6 +15,7 @@ import os
 from typing import Any
 
 from megatron_dpsched.data.sampling import parse_split
+from megatron_dpsched.megatron.ranks import print_rank_0
 
 
 def check_before_megatron(args: Any) -> None:
@@ -109,7 +110,7 @@ def keep_checkpoint_rng_layout(args: Any) -> None:
     saved = _saved_argument(args, "data_parallel_random_init")
     if saved is False:
         args.data_parallel_random_init = False
-        _print_rank_0(f"dp-schedule: --load {args.load} was saved without per-rank RNG states "
+        print_rank_0(f"dp-schedule: --load {args.load} was saved without per-rank RNG states "
                       f"(--data-parallel-random-init off, e.g. a run without --dp-schedule): this run keeps it off, "
                       f"so Megatron can load it; its ranks resume from one RNG state and save one")
 
@@ -128,6 +129,3 @@ def _saved_argument(args: Any, name: str) -> object:
     return getattr((state_dict or {}).get("args"), name, None)
 
 
-def _print_rank_0(message: str) -> None:
-    if os.environ.get("RANK", "0") == "0":  # before the process group exists: torchrun's rank
-        print(message, flush=True)

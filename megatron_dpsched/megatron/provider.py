@@ -38,6 +38,7 @@ from megatron_dpsched.megatron.arguments import (
 from megatron_dpsched.megatron.collate import CollateConfig, require_padding_agreement
 from megatron_dpsched.megatron.feeds import ScheduledDatasetLoader
 from megatron_dpsched.megatron.prechecks import keep_checkpoint_rng_layout
+from megatron_dpsched.megatron.ranks import print_rank_0
 from megatron_dpsched.over_cap import find_over_cap, over_cap_notice
 
 DatasetsProvider = Callable[..., tuple[Any, Any, Any]]
@@ -205,12 +206,10 @@ def collate_config_from_args(args: Any) -> CollateConfig:
 
 def _warn_if_nothing_was_loaded(args: Any) -> None:
     """``--load`` without a checkpoint in it starts from scratch; say so where the resume would be logged."""
-    import torch
-
     nothing = getattr(args, "load", None) and not getattr(args, "finetune", False) and not args.iteration
-    if nothing and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
-        print(f"dp-schedule: WARNING: --load {args.load} was given but no checkpoint was loaded (iteration 0); "
-              f"training starts from scratch at step 0", flush=True)
+    if nothing:
+        print_rank_0(f"dp-schedule: WARNING: --load {args.load} was given but no checkpoint was loaded (iteration 0); "
+                     f"training starts from scratch at step 0")
 
 
 def _check_over_cap(lengths: Sequence[int], *, kwargs: dict[str, Any], policy: str, role: str) -> None:
@@ -218,13 +217,11 @@ def _check_over_cap(lengths: Sequence[int], *, kwargs: dict[str, Any], policy: s
     among those training will read (:func:`~megatron_dpsched.over_cap.over_cap_notice`)."""
     if kwargs["max_tokens_per_gpu"] is None or policy == "allow":
         return
-    import torch
-
     over = find_over_cap(lengths, token_cap=kwargs["max_tokens_per_gpu"] * kwargs["cp_size"],
                          pad_multiple=kwargs["pad_multiple"])
     notice = over_cap_notice(over, policy=policy, dataset=role)
-    if notice is not None and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
-        print(notice, flush=True)
+    if notice is not None:
+        print_rank_0(notice)
 
 
 def _check_size(role: str, available: int, needed: int | None, *, args: Any) -> None:
