@@ -246,9 +246,10 @@ OPTIONS: tuple[Option, ...] = (
     Option(stem="balance-growth", kind=float, default=0.0, minimum=0.0, maximum=10.0, metavar="F", mirrored=True,
            sets=("ScheduleConfig.balance_growth",), needs=_needs_token_cap, needs_text="with {p}max-tokens-per-gpu",
            help="With {p}max-tokens-per-gpu: share (0 to 10) of extra micro-batches per step the planner may spend "
-                "to balance ranks when the token cap keeps them apart (heavy tails at high fill); 0: never more "
-                "than one global packing needs. With the step-time objective it caps the extra micro-batches "
-                "that objective adds."),
+                "to balance ranks when the token cap keeps them apart (heavy tails at high fill); 0: no more "
+                "than one global packing needs, unless the busiest rank stays over 5% above max(mean rank, "
+                "dearest sample) (a tail past the cap): then up to one sample per micro-batch on the fullest "
+                "rank. With the step-time objective it caps the extra micro-batches that objective adds."),
     Option(stem="objective", choices=OBJECTIVES, mirrored=True, sets=("ScheduleConfig.step_time_model",),
            default_text="step-time with PP > 1, a token cap and balance cost or tokens, else micro-batches",
            help="step-time: per step, the micro-batch count (and packing) with the smallest simulated step time "

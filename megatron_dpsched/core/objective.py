@@ -20,7 +20,8 @@ plan records the order chosen. Candidates, all at legal counts of at most ``B``
 * the default;
 * plans of steps 3-4 at each legal count below ``D``, refined as in step 5 (:func:`_fewer_counts`);
 * when the default's busiest rank costs more than :data:`TAIL_IMBALANCE` above ``max(mean rank cost,
-  dearest sample)`` (a tail past the cap kept step 5 from balancing), plans of steps 3-4 at counts
+  dearest sample)`` (a tail past the cap kept step 5 from balancing, even with its own reach past ``U``
+  to ``B``, which it takes by the busiest rank's cost alone), plans of steps 3-4 at counts
   above ``D``, refined as in step 5, at most :data:`MAX_TAIL_COUNTS` (:func:`_tail_counts`);
 * with ``pp_size > 1``, the ranks of the fastest candidate so far at ``D`` or above repacked (step 4)
   into more micro-batches (:func:`_more_counts`). With ``pp_size == 1`` a rank's time is the sum of its
@@ -33,6 +34,14 @@ the one with the fewest micro-batches within :data:`STEP_TIME_TOLERANCE` of the 
 the default plan whenever the default is within :data:`TAIL_IMBALANCE` of the least busiest-rank cost and
 no count below ``D`` comes within :data:`STEP_TIME_TOLERANCE` of it (step 5 kept ``D`` only for a cut of
 more than :data:`~megatron_dpsched.core.planning.BALANCE_TOLERANCE`).
+
+Last, with ``pp_size > 1`` and no ``padded_rows`` (:func:`cost_equal`): at the chosen candidate's count,
+each rank that can set the step time, from the slowest, is packed by
+:func:`~megatron_dpsched.core.kk.differencing_pack` into micro-batches of near-equal forward time (step 4
+evens tokens; a long sample's attention makes its micro-batch dearer) and runs that packing, in its
+fastest order, where the simulator finds it faster by more than :data:`ORDER_MARGIN`; the step keeps
+the result only when its step time is lower by that margin, else the candidate as it was (ties to it).
+With ``pp_size == 1`` a rank's time is its micro-batches' sum, which no packing of its samples changes.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
+from megatron_dpsched.core.kk import differencing_pack
 from megatron_dpsched.core.ordering import PIPELINE_ORDERS, order_micro_batches
 from megatron_dpsched.core.packing import pack_into
 from megatron_dpsched.core.steptime import rank_makespans
@@ -75,6 +85,9 @@ busiest rank costs more than this share above ``max(mean rank cost, dearest samp
 busiest rank can cost: the token cap kept step 5 from balancing (a sample past the cap fills one
 micro-batch of a rank's capacity in step 3 however much it costs), and lock-stepped ranks all wait for
 the busiest."""
+COST_EQUAL_RANKS = 16
+""":func:`cost_equal` repacks at most this many of the slowest ranks (with many near-equal ranks, each
+repacked rank lowers the step only to the next one's time; a bound on the planning time)."""
 MAX_TAIL_COUNTS = 12
 """At most this many fresh plans above the default's count are timed per step (:func:`_tail_counts`)."""
 
@@ -120,6 +133,18 @@ class StepTimer:
                 if seconds < spans[rank] * (1 - ORDER_MARGIN):
                     ordered[rank], spans[rank] = trial, seconds
             step = max(step, spans[rank])
+
+    def makespans(self, ordered: list[RankPlan]) -> list[float]:
+        """Each rank's simulated makespan, its micro-batches run in the given order."""
+        return self._makespans(ordered)
+
+    def sample_times(self) -> list[float]:
+        """Each sample's forward time in the step-time model, without the per-micro-batch time (a micro-batch's
+        is their sum plus that, without ``padded_rows``)."""
+        model = self.config.step_time_model
+        assert model is not None
+        a, b = model.seconds_per_token, model.seconds_per_token_pair
+        return [a * size + b * size * size for size in self.sizes]
 
     def _makespans(self, ordered: list[RankPlan]) -> list[float]:
         """Each rank's simulated makespan, its micro-batches run in the given order."""
@@ -187,7 +212,7 @@ def plan_for_step_time(
         seed = min((c for c in candidates if c.num_microbatches >= base.num_microbatches), key=lambda c: c.seconds)
         own = count_bound(seed.plan, config=config, lower_bound=lower_bound)
         candidates += _more_counts(seed, timer, limit=max(seed.num_microbatches, min(limit, own)))
-    return choose(candidates, ceiling=base.seconds).plan
+    return cost_equal(choose(candidates, ceiling=base.seconds), timer).plan
 
 
 def tail_heavy(plan: list[RankPlan], costs: Sequence[float]) -> bool:
@@ -286,6 +311,35 @@ def _more_counts(base: Candidate, timer: StepTimer, *, limit: int) -> list[Candi
     winner = choose([base, *screened], ceiling=base.seconds, tolerance=SCREEN_TOLERANCE).num_microbatches
     plan = repack_ranks(base.plan, timer.sizes, config, winner) if winner != base.num_microbatches else None
     return [] if plan is None else [timer.candidate(plan)]
+
+
+def cost_equal(chosen: Candidate, timer: StepTimer) -> Candidate:
+    """With ``pp_size > 1`` (and no ``padded_rows``): ``chosen`` with each rank that can set the step time,
+    from the slowest, packed at the same count by :func:`~megatron_dpsched.core.kk.differencing_pack` on the
+    samples' forward times where that runs the rank faster by more than :data:`ORDER_MARGIN` (each rank in
+    its fastest order, :meth:`StepTimer.candidate`); the result only when its step is faster than
+    ``chosen``'s by more than that margin, else ``chosen``. At most :data:`COST_EQUAL_RANKS` ranks are
+    repacked (the step is then the slowest of them and the ranks left as they were). With one stage a rank's
+    time is the sum of its micro-batches', which no packing of the same samples changes."""
+    config = timer.config
+    if config.pp_size == 1 or config.padded_rows:
+        return chosen
+    plan, spans = list(chosen.plan), timer.makespans(chosen.plan)
+    times = timer.sample_times()
+    step = 0.0
+    for rank in sorted(range(len(plan)), key=lambda r: -spans[r])[:COST_EQUAL_RANKS]:
+        if spans[rank] <= step:
+            break
+        dealt = differencing_pack([i for mb in plan[rank] for i in mb], sizes=timer.sizes, costs=times,
+                                  cap=config.token_cap, num_bins=chosen.num_microbatches)  # type: ignore[arg-type]
+        if dealt is not None:
+            trial = timer.candidate([dealt])
+            if trial.seconds < spans[rank] * (1 - ORDER_MARGIN):
+                plan[rank], spans[rank] = trial.plan[0], trial.seconds
+        step = max(step, spans[rank])
+    if max(spans) < chosen.seconds * (1 - ORDER_MARGIN):
+        return Candidate(num_microbatches=chosen.num_microbatches, seconds=max(spans), plan=plan)
+    return chosen
 
 
 def repack_ranks(

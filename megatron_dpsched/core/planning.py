@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from megatron_dpsched.core import padding
 from megatron_dpsched.core.balancing import assign_bins, lpt_assign, refine_by_moves
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
-from megatron_dpsched.core.objective import MAX_STALE_COUNTS, plan_for_step_time
+from megatron_dpsched.core.objective import MAX_STALE_COUNTS, count_bound, plan_for_step_time, tail_heavy
 from megatron_dpsched.core.ordering import order_micro_batches
 from megatron_dpsched.core.packing import (
     best_fit_decreasing,
@@ -117,7 +117,8 @@ def _plan_dynamic(sizes: list[int], costs: list[float], *, config: ScheduleConfi
     Steps 3-4 at ``M`` (step 2); a balanced plan (:data:`BALANCE_TOLERANCE`) is kept. Otherwise (a rank
     overflowed, or the cap kept ranks from balancing: heavy tails at high fill) the next legal counts are
     tried, up to ``U``, the count of :func:`_global_packing` dealt to the ranks, or with ``balance_growth``
-    up to ``align(U * (1 + balance_growth))``; when ``M`` does not fit, :func:`_first_fitting_count` finds
+    up to ``align(U * (1 + balance_growth))``, or without it for a tail past the cap up to ``B`` (:func:`_reach`;
+    each plan past ``U`` within its own ``B``); when ``M`` does not fit, :func:`_first_fitting_count` finds
     the first count that does. A larger count is kept only if it cuts the busiest rank's cost by more than
     :data:`BALANCE_TOLERANCE`; the search stops after :data:`~megatron_dpsched.core.objective.MAX_STALE_COUNTS`
     larger counts in a row bring nothing. A plan not yet balanced is first refined (:func:`_refine`). If no
@@ -127,7 +128,7 @@ def _plan_dynamic(sizes: list[int], costs: list[float], *, config: ScheduleConfi
     if config.balance == "none":
         return _plan_by_bins(_global_packing(sizes, config), sizes, costs, config=config)
     balanced = _balanced_peak(costs, config)
-    num_microbatches = lower_bound_microbatches(sizes, config=config)
+    num_microbatches = lower = lower_bound_microbatches(sizes, config=config)
     plan = _assign_and_pack(sizes, costs, config=config, num_microbatches=num_microbatches)
     global_bins: list[list[int]] | None = None
     upper = num_microbatches
@@ -152,11 +153,25 @@ def _plan_dynamic(sizes: list[int], costs: list[float], *, config: ScheduleConfi
             best, best_peak, stale = plan, peak, 0
         if best_peak <= balanced or stale >= MAX_STALE_COUNTS:
             return best
-        limit = config.layout.align(math.ceil(upper * (1 + config.balance_growth)))
-        if best is not None and num_microbatches >= limit:
+        if best is not None and num_microbatches >= _reach(best, costs, config=config, upper=upper, lower_bound=lower):
             return best
         num_microbatches = config.layout.next_legal(num_microbatches)
         plan = _assign_and_pack(sizes, costs, config=config, num_microbatches=num_microbatches)
+        if (plan is not None and not config.balance_growth
+                and num_microbatches > max(upper, count_bound(plan, config=config, lower_bound=lower))):
+            plan = None  # past ``U`` for a tail: each plan within its own ``B``
+
+
+def _reach(best: list[RankPlan], costs: list[float], *, config: ScheduleConfig, upper: int, lower_bound: int) -> int:
+    """Step 5's largest count: with ``balance_growth`` ``align(U * (1 + balance_growth))``; else ``U``, or when
+    ``best``'s busiest rank costs more than :data:`~megatron_dpsched.core.objective.TAIL_IMBALANCE` above
+    ``max(mean rank cost, dearest sample)`` (:func:`~megatron_dpsched.core.objective.tail_heavy`: a tail past
+    the cap) its ``B``, the most samples one rank holds (:func:`~megatron_dpsched.core.objective.count_bound`)."""
+    if config.balance_growth:
+        return config.layout.align(math.ceil(upper * (1 + config.balance_growth)))
+    if not tail_heavy(best, costs):
+        return upper
+    return max(upper, count_bound(best, config=config, lower_bound=lower_bound))
 
 
 def _plan_step_time(

@@ -32,15 +32,19 @@ Steps, for every optimizer step (each step's detail lives with the code it names
    (:func:`~megatron_dpsched.core.packing.pack_into`, ``planning._assign_and_pack``).
 5. Choose the count: the fewest from ``M`` up whose plan balances the ranks, at most ``U``,
    the count of one global packing of the step dealt to the ranks (with ``balance_growth``,
-   ``align(U * (1 + balance_growth))``); unbalanced plans are refined by moving single
-   samples, and a step no count fits gets the global packing dealt to the ranks
-   (``planning._plan_dynamic``).
+   ``align(U * (1 + balance_growth))``; without it, when the busiest rank still costs more than
+   ``TAIL_IMBALANCE`` above ``max(mean rank cost, dearest sample)``, a tail past the cap, at
+   most ``B`` of step 7); unbalanced plans are refined by moving single samples, and a step no
+   count fits gets the global packing dealt to the ranks (``planning._plan_dynamic``).
 6. Order each rank's micro-batches: with ``pp_size > 1`` the cheapest at both ends
    (:mod:`~megatron_dpsched.core.ordering`).
 7. Only with a ``step_time_model``: of candidate plans at counts from ``M`` to ``B = max(M,
    align(n))``, ``n`` the most samples one rank holds, the one with the smallest simulated step
    time, ties going to fewer micro-batches; with ``pp_size > 1`` and order ``"pipeline"`` each rank
-   runs the fastest simulated of four orders, step 6's unless another is faster
+   runs the fastest simulated of four orders, step 6's unless another is faster; with
+   ``pp_size > 1`` (no ``padded_rows``) each rank that can set the step time is also packed at
+   the chosen count into micro-batches of near-equal cost (largest differencing,
+   :mod:`~megatron_dpsched.core.kk`), kept only where the simulator runs it faster
    (:mod:`~megatron_dpsched.core.objective`).
 
 Invariants (checked by :meth:`DPSchedule.check` for every accepted input; its errors start
@@ -54,9 +58,11 @@ with ``invariant N:``):
    disjoint and their union is every sample not in ``dropped``.
 4. ``num_microbatches[s]`` is legal for Megatron's schedule (interleaved rule with
    ``vpp_size > 1``) and at least ``M``. Without a ``step_time_model`` it is at most ``U``
-   (step 5); with one it may exceed ``U`` when the simulated step time says more micro-batches
-   are faster, but never ``B`` (step 7). The checker verifies the bounds it can derive from the
-   plan alone: ``M``, and ``B`` for plans made with a ``step_time_model``.
+   (step 5), or ``align(U * (1 + balance_growth))`` with ``balance_growth``, or ``B`` for a
+   tail past the cap; with one it may exceed ``U`` when the simulated step time says more
+   micro-batches are faster, but never ``B`` (step 7). The checker verifies the bounds it can
+   derive from the plan alone: ``M``, and ``B`` for plans made with a ``step_time_model`` or
+   without ``balance_growth`` (``U <= B``: no sample is split).
 5. Samples of one group are in the same step; steps follow the input order; every step but a
    trailing one holds exactly ``global_batch_size`` samples (groups); ``step_num_samples[s]``
    counts the samples of step ``s``; only a trailing partial step can be dropped, and only

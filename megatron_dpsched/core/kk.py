@@ -1,0 +1,109 @@
+"""Cost-equal packing of one rank's samples into ``k`` micro-batches (largest differencing, under the token cap).
+
+Step 4 packs a rank's samples by tokens (:func:`~megatron_dpsched.core.packing.pack_into`: worst fit
+decreasing, the lightest micro-batch first), which evens tokens, not time: a micro-batch of one long
+sample costs more than one of many short samples with the same tokens (attention is quadratic). With
+pipeline parallelism a rank's step time depends on its micro-batches' times one by one, so step 7
+(:mod:`~megatron_dpsched.core.objective`) also times the rank packed by :func:`differencing_pack`, which
+equalises their costs.
+
+The method is Karmarkar and Karp's largest differencing, ``k``-way: every sample starts as a partial
+partition of ``k`` parts (its own and ``k - 1`` empty ones); the two partitions whose dearest and
+cheapest parts differ most are merged, the dearest part of one with the cheapest of the other and so on,
+until one partition is left. A merge that would put more than the cap's tokens in a part pairs the parts
+again, most tokens first, each with the cheapest part that fits; if none fits the packing gives up
+(``None``). Samples past the cap sit alone, one micro-batch each, and the rest share the other
+micro-batches.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One part of a partial partition: its summed cost, its tokens and its samples."""
+
+    cost: float
+    tokens: int
+    items: tuple[int, ...]
+
+    def __add__(self, other: _Part) -> _Part:
+        return _Part(self.cost + other.cost, self.tokens + other.tokens, self.items + other.items)
+
+
+_EMPTY = _Part(0.0, 0, ())
+
+
+def differencing_pack(
+    items: Sequence[int], *, sizes: Sequence[int], costs: Sequence[float], cap: int, num_bins: int
+) -> list[list[int]] | None:
+    """``items`` in exactly ``num_bins`` micro-batches of near-equal summed ``costs`` (largest differencing),
+    each holding at most ``cap`` tokens of ``sizes`` or a single sample past the cap; ``None`` when the
+    differencing finds no such packing or would leave a micro-batch empty while there are at least
+    ``num_bins`` samples. Costs must be positive; micro-batches are sorted by sample id, dearest first."""
+    assert num_bins >= 1
+    oversize = [i for i in items if sizes[i] > cap]
+    rest = [i for i in items if sizes[i] <= cap]
+    ways = num_bins - len(oversize)
+    if ways < 0 or (ways == 0 and rest):
+        return None
+    bins = [[i] for i in oversize]
+    if ways:
+        parts = _difference(rest, sizes=sizes, costs=costs, cap=cap, ways=ways)
+        if parts is None:
+            return None
+        bins += [sorted(part.items) for part in parts]
+    if len(items) >= num_bins and any(not b for b in bins):
+        return None
+    return bins
+
+
+def _difference(
+    items: Sequence[int], *, sizes: Sequence[int], costs: Sequence[float], cap: int, ways: int
+) -> list[_Part] | None:
+    """The ``ways`` parts of the last partition (dearest first), or ``None`` when a merge cannot keep the cap."""
+    heap: list[tuple[float, int, list[_Part]]] = []
+    for item in items:
+        parts = [_Part(costs[item], sizes[item], (item,))] + [_EMPTY] * (ways - 1)
+        heap.append((-costs[item], item, parts))
+    if not heap:
+        return [_EMPTY] * ways
+    heapq.heapify(heap)
+    tie = len(sizes)  # merged partitions order after every single sample of the same spread
+    while len(heap) > 1:
+        _, _, first = heapq.heappop(heap)
+        _, _, second = heapq.heappop(heap)
+        merged = _merge(first, second, cap=cap)
+        if merged is None:
+            return None
+        heapq.heappush(heap, (merged[-1].cost - merged[0].cost, tie, merged))
+        tie += 1
+    return heap[0][2]
+
+
+def _merge(first: list[_Part], second: list[_Part], *, cap: int) -> list[_Part] | None:
+    """Two partitions (each dearest first) merged part by part, dearest with cheapest; under the cap, else
+    :func:`_merge_capped`. The result is dearest first."""
+    merged = [a + b for a, b in zip(first, reversed(second))]
+    if any(part.tokens > cap for part in merged):
+        merged = _merge_capped(first, second, cap=cap)
+        if merged is None:
+            return None
+    return sorted(merged, key=lambda part: (-part.cost, part.items))
+
+
+def _merge_capped(first: list[_Part], second: list[_Part], *, cap: int) -> list[_Part] | None:
+    """The parts of ``first`` with the most tokens first, each joined with the cheapest unused part of
+    ``second`` it fits with; ``None`` if one fits with none."""
+    unused = sorted(second, key=lambda part: (part.cost, part.tokens, part.items))
+    merged = []
+    for part in sorted(first, key=lambda part: (-part.tokens, -part.cost, part.items)):
+        match = next((j for j, other in enumerate(unused) if part.tokens + other.tokens <= cap), None)
+        if match is None:
+            return None
+        merged.append(part + unused.pop(match))
+    return merged
