@@ -217,6 +217,8 @@ def missing_needs(figure: Figure) -> list[str]:
 
 def select(figures: list[Figure], args: argparse.Namespace) -> list[Figure]:
     chosen = [f for f in figures if not args.only or args.only in f.command or args.only in f.where]
+    if args.list:
+        return chosen
     for figure in [f for f in chosen if missing_needs(f)]:
         print(f"{figure.where}: left as it is: set {', '.join(missing_needs(figure))} to rerun it", file=sys.stderr)
     chosen = [f for f in chosen if not missing_needs(f)]
