@@ -24,6 +24,9 @@ Marker lines (all optional):
 - ``slow``: too slow for the test suite (``tests/distributed/test_docs_figures.py`` leaves it out);
   ``--check`` still reruns it.
 - ``timeout: SECONDS`` (default 900).
+- ``needs: VAR [VAR...]``: the command reads these environment variables (e.g. the checkouts of the peers that
+  ``scripts/bench_peers.py`` runs); where one is unset the figure is left as it is, with a note on stderr, by
+  this script and by the test.
 
 Every ``text`` block in these files must be a figure (``unmarked_blocks``; a unit test enforces it),
 so no output can be pasted in without its command. Sample data goes in ``jsonl``/``json``/``bash``
@@ -74,6 +77,8 @@ class Figure:
     """Compare the whole output."""
     slow: bool
     """Left out of the test suite."""
+    needs: tuple[str, ...]
+    """Environment variables the command needs; the figure is skipped where one is unset."""
     timeout: float
     """Seconds the command may run."""
     span: tuple[int, int]
@@ -92,7 +97,7 @@ class MarkerError(ValueError):
 
 
 def _parse_marker(body: str, where: str) -> dict:
-    fields: dict = {"checks": [], "check_all": False, "slow": False, "timeout": DEFAULT_TIMEOUT}
+    fields: dict = {"checks": [], "check_all": False, "slow": False, "timeout": DEFAULT_TIMEOUT, "needs": ()}
     for raw in body.strip().splitlines():
         line = raw.strip()
         if not line:
@@ -109,8 +114,10 @@ def _parse_marker(body: str, where: str) -> dict:
             fields["slow"] = True
         elif key == "timeout":
             fields["timeout"] = float(value)
+        elif key == "needs" and value.split():
+            fields["needs"] = tuple(value.split())
         else:
-            raise MarkerError(f"{where}: unknown figure marker line {line!r} (check:, slow, timeout:)")
+            raise MarkerError(f"{where}: unknown figure marker line {line!r} (check:, slow, timeout:, needs:)")
     return fields
 
 
@@ -137,7 +144,7 @@ def parse_figures(path: Path) -> list[Figure]:
         command, output = _split_block(match.group("block"), where)
         figures.append(Figure(path=path, line=line, command=command, output=output, checks=tuple(fields["checks"]),
                               check_all=fields["check_all"], slow=fields["slow"], timeout=fields["timeout"],
-                              span=match.span("block")))
+                              needs=fields["needs"], span=match.span("block")))
     return figures
 
 
@@ -203,8 +210,18 @@ def rewrite(path: Path, outputs: dict[int, str]) -> None:
     path.write_text(text, encoding="utf-8")
 
 
+def missing_needs(figure: Figure) -> list[str]:
+    """The environment variables of ``needs:`` that are unset (the figure cannot be rerun here)."""
+    return [name for name in figure.needs if not os.environ.get(name)]
+
+
 def select(figures: list[Figure], args: argparse.Namespace) -> list[Figure]:
     chosen = [f for f in figures if not args.only or args.only in f.command or args.only in f.where]
+    if args.list:
+        return chosen
+    for figure in [f for f in chosen if missing_needs(f)]:
+        print(f"{figure.where}: left as it is: set {', '.join(missing_needs(figure))} to rerun it", file=sys.stderr)
+    chosen = [f for f in chosen if not missing_needs(f)]
     if args.skip_slow:
         chosen = [f for f in chosen if not f.slow]
     if args.check:
@@ -233,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.list:
         for f in figures:
-            flags = ("check all" if f.check_all else f"{len(f.checks)} checks") + (", slow" if f.slow else "")
+            flags = ("check all" if f.check_all else f"{len(f.checks)} checks") + (", slow" if f.slow else "") + (
+                f", needs {' '.join(f.needs)}" if f.needs else "")
             print(f"{f.where}  [{flags}]  $ {f.command.splitlines()[0]}")
         return 0
     return _run(figures, check=args.check)

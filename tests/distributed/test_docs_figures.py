@@ -29,7 +29,7 @@ _spec.loader.exec_module(update_docs)
 
 def _figures() -> list:
     figures = [f for p in update_docs.doc_files(REPO) for f in update_docs.parse_figures(p)]
-    return [f for f in figures if (f.checks or f.check_all) and not f.slow]
+    return [f for f in figures if (f.checks or f.check_all) and not f.slow and not update_docs.missing_needs(f)]
 
 
 @pytest.fixture(scope="module")

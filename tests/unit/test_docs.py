@@ -116,6 +116,20 @@ def test_rewrite_replaces_only_the_output(tmp_path: Path) -> None:
     assert update_docs.main(["--check", str(page)]) == 0
 
 
+def test_a_figure_whose_needs_are_unset_is_left_as_it_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    page = _page(tmp_path, "check: ^mb\nneeds: DPSCHED_TEST_PEER_A DPSCHED_TEST_PEER_B", "old")
+    before = page.read_text(encoding="utf-8")
+    monkeypatch.setenv("DPSCHED_TEST_PEER_A", "/somewhere")
+    monkeypatch.delenv("DPSCHED_TEST_PEER_B", raising=False)
+    assert update_docs.main([str(page)]) == 0 and update_docs.main(["--check", str(page)]) == 0
+    assert page.read_text(encoding="utf-8") == before
+    assert "set DPSCHED_TEST_PEER_B to rerun it" in capsys.readouterr().err
+    monkeypatch.setenv("DPSCHED_TEST_PEER_B", "/elsewhere")
+    assert update_docs.main([str(page)]) == 0
+    assert "mb 3 of 4" in page.read_text(encoding="utf-8")
+
+
 def test_a_failing_command_is_an_error_not_a_figure(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
     page.write_text("<!-- figure\ncheck: all\n-->\n```text\n$ echo x | false\nx\n```\n", encoding="utf-8")
