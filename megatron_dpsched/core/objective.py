@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
 from megatron_dpsched.core.ordering import PIPELINE_ORDERS, order_micro_batches
-from megatron_dpsched.core.packing import pack_into
+from megatron_dpsched.core.packing import pack_ranks
 from megatron_dpsched.core.steptime import rank_makespans
 
 STEP_TIME_TOLERANCE = 0.005
@@ -294,6 +294,6 @@ def repack_ranks(
     """Every rank's samples packed into ``count`` micro-batches (step 4); ``None`` if one does not fit."""
     cap = config.token_cap
     assert cap is not None
-    packed = [pack_into([i for mb in rank for i in mb], sizes, cap, count, padded_rows=config.padded_rows)
-              for rank in plan]
+    packed = pack_ranks([[i for mb in rank for i in mb] for rank in plan], sizes, cap, count,
+                        padded_rows=config.padded_rows)
     return None if any(bins is None for bins in packed) else packed  # type: ignore[return-value]

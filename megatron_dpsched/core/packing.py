@@ -15,6 +15,8 @@ import math
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Sequence
 
+import numpy as np
+
 from megatron_dpsched.core.padding import collated_size
 
 
@@ -216,6 +218,60 @@ def pack_into(
     if len(bins) > num_bins:
         return None
     return split_to_count(bins, sizes, num_bins)
+
+
+def pack_ranks(
+    ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int, num_bins: int, *, padded_rows: bool = False
+) -> list[list[list[int]] | None]:
+    """:func:`pack_into` of every rank's items (the same micro-batches); the worst-fit pass runs on all ranks at
+    once with NumPy when there are at least :data:`VECTOR_RANKS` ranks (:func:`_worst_fit_ranks`)."""
+    total, width = sum(len(items) for items in ranks), max((len(items) for items in ranks), default=0)
+    if padded_rows or len(ranks) < VECTOR_RANKS or width * len(ranks) > 4 * total + 65536:
+        return [pack_into(items, sizes, cap, num_bins, padded_rows=padded_rows) for items in ranks]
+    packed = _worst_fit_ranks(ranks, sizes, cap, num_bins)
+    return [bins if bins is not None else pack_into(items, sizes, cap, num_bins)
+            for items, bins in zip(ranks, packed)]
+
+
+VECTOR_RANKS = 16
+""":func:`pack_ranks` runs worst fit on all ranks at once from this many ranks."""
+
+
+def _worst_fit_ranks(
+    ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int, num_bins: int
+) -> list[list[list[int]] | None]:
+    """:func:`worst_fit_decreasing` of every rank, ``None`` for a rank whose pass overflows: step ``t`` hands
+    every rank its ``t``-th longest item (ties in the rank's order), each to its lightest micro-batch (the
+    first of equals), so the choices are the heap's."""
+    counts = np.array([len(items) for items in ranks], dtype=np.int64)
+    flat_items = np.fromiter((i for items in ranks for i in items), dtype=np.int64, count=int(counts.sum()))
+    owner = np.repeat(np.arange(len(ranks)), counts)
+    item_sizes = np.asarray(sizes, dtype=np.int64)[flat_items]
+    order = np.lexsort((-item_sizes, owner))
+    flat_items, item_sizes = flat_items[order], item_sizes[order]
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    column = np.arange(len(flat_items)) - np.repeat(starts, counts)
+    width = int(counts.max())
+    grid = np.zeros((len(ranks), width), dtype=np.int64)
+    grid[owner, column] = item_sizes
+    loads = np.zeros((len(ranks), num_bins), dtype=np.int64)
+    failed = np.zeros(len(ranks), dtype=bool)
+    chosen = np.zeros((len(ranks), width), dtype=np.int64)
+    rows, full = np.arange(len(ranks)), 1 << 62  # an oversize sample's micro-batch: full
+    for t in range(width):
+        size = grid[:, t]
+        b = np.argmin(loads, axis=1)
+        load = loads[rows, b]
+        over = size > cap
+        failed |= (size > 0) & np.where(over, load > 0, load + size > cap)
+        loads[rows, b] = np.where(size == 0, load, np.where(over, full, load + size))
+        chosen[:, t] = b
+    bin_of = chosen[owner, column]
+    by_bin = np.argsort(owner * num_bins + bin_of, kind="stable")
+    members = flat_items[by_bin].tolist()
+    bounds = np.cumsum(np.bincount(owner * num_bins + bin_of, minlength=len(ranks) * num_bins)).tolist()
+    bins = [members[a:b] for a, b in zip([0, *bounds[:-1]], bounds)]
+    return [None if failed[r] else bins[r * num_bins : (r + 1) * num_bins] for r in range(len(ranks))]
 
 
 def _split_rows(items: Sequence[int], sizes: Sequence[int]) -> tuple[list[int], list[int]]:

@@ -20,7 +20,7 @@ from megatron_dpsched.core.packing import (
     best_fit_decreasing,
     bin_lower_bound,
     first_fit,
-    pack_into,
+    pack_ranks,
     split_to_count,
     target_bin,
 )
@@ -291,7 +291,7 @@ def _assign_and_pack(
     )
     if ranks is None:
         return None
-    packed = [pack_into(items, sizes, cap, num_microbatches, padded_rows=rows) for items in ranks]
+    packed = pack_ranks(ranks, sizes, cap, num_microbatches, padded_rows=rows)
     if all(bins is not None for bins in packed):
         return packed
     return _repair_overflow(ranks, packed, sizes, costs, config=config, num_microbatches=num_microbatches)
