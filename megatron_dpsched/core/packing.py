@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from bisect import bisect_left, bisect_right, insort
+from bisect import bisect_left, insort
 from collections.abc import Sequence
 
 import numpy as np
@@ -31,12 +31,13 @@ def bin_lower_bound(sizes: Sequence[int], cap: int, *, padded_rows: bool = False
     """
     if padded_rows:
         return chunk_count(sizes, cap)
-    oversize = sum(1 for size in sizes if size > cap)
-    rest = sorted(size for size in sizes if size <= cap)
-    bound = math.ceil(sum(rest) / cap)
+    array = np.asarray(sizes, dtype=np.int64)
+    rest = np.sort(array[array <= cap])
+    oversize = len(array) - len(rest)
+    bound = math.ceil(int(rest.sum()) / cap)
     k = 1
     while math.ceil(len(rest) / k) > bound:
-        longer = len(rest) - bisect_right(rest, cap // (k + 1))  # sizes with size * (k + 1) > cap
+        longer = len(rest) - int(np.searchsorted(rest, cap // (k + 1), side="right"))  # size * (k + 1) > cap
         bound = max(bound, math.ceil(longer / k))
         k += 1
     return oversize + bound
