@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from megatron_dpsched.core import padding
-from megatron_dpsched.core.packing import target_bin
+from megatron_dpsched.core.packing import small_int, target_bin
 
 
 def lpt_assign(
@@ -49,7 +49,7 @@ def lpt_assign(
     changes = np.flatnonzero((item_costs[1:] != item_costs[:-1]) | (item_weights[1:] != item_weights[:-1])) + 1
     starts = np.concatenate(([0], changes, [len(ids)])).tolist()
     smallest_left = np.minimum.accumulate(item_weights[::-1])[::-1]
-    owners = np.empty(len(ids), dtype=np.int64)
+    owners = np.empty(len(ids), dtype=small_int(num_ranks))
     heap = _Heap(num_ranks, capacity)
     for start, stop in zip(starts[:-1], starts[1:]):
         cost, weight = float(item_costs[start]), float(item_weights[start])

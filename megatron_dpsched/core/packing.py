@@ -267,12 +267,16 @@ def _worst_fit_ranks(
         failed |= (size > 0) & np.where(over, load > 0, load + size > cap)
         loads[rows, b] = np.where(size == 0, load, np.where(over, full, load + size))
         chosen[:, t] = b
-    bin_of = chosen[owner, column]
-    by_bin = np.argsort(owner * num_bins + bin_of, kind="stable")
-    members = flat_items[by_bin].tolist()
-    bounds = np.cumsum(np.bincount(owner * num_bins + bin_of, minlength=len(ranks) * num_bins)).tolist()
+    key = (owner * num_bins + chosen[owner, column]).astype(small_int(len(ranks) * num_bins))
+    members = flat_items[np.argsort(key, kind="stable")].tolist()
+    bounds = np.cumsum(np.bincount(key, minlength=len(ranks) * num_bins)).tolist()
     bins = [members[a:b] for a, b in zip([0, *bounds[:-1]], bounds)]
     return [None if failed[r] else bins[r * num_bins : (r + 1) * num_bins] for r in range(len(ranks))]
+
+
+def small_int(count: int) -> type:
+    """The smallest NumPy integer type that holds ``0 .. count - 1`` (a stable sort of it is a radix sort)."""
+    return np.int16 if count <= 2**15 else np.int32 if count <= 2**31 else np.int64
 
 
 def _split_rows(items: Sequence[int], sizes: Sequence[int]) -> tuple[list[int], list[int]]:

@@ -12,6 +12,8 @@ import math
 from collections.abc import Sequence
 from itertools import chain
 
+import numpy as np
+
 from megatron_dpsched.core import padding
 from megatron_dpsched.core.balancing import assign_bins, lpt_assign, refine_by_moves
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
@@ -295,7 +297,7 @@ def _assign_and_pack(
     (:func:`_repair_overflow`).
     """
     cap, rows = config.token_cap, config.padded_rows
-    weights = [min(size, cap) for size in sizes]
+    weights = np.minimum(np.asarray(sizes, dtype=np.int64), cap)
     ranks = lpt_assign(
         range(len(sizes)), costs=costs, weights=weights, capacity=num_microbatches * cap, num_ranks=config.dp_size
     )
