@@ -40,6 +40,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
+from itertools import chain
 
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
 from megatron_dpsched.core.ordering import PIPELINE_ORDERS, order_micro_batches
@@ -132,9 +134,14 @@ class StepTimer:
         """The :data:`SCREEN_RANKS` ranks of ``plan`` with the most work (forward time of their samples)."""
         model = self.config.step_time_model
         assert model is not None
-        a, b, sizes = model.seconds_per_token, model.seconds_per_token_pair, self.sizes
-        loads = [sum(a * sizes[i] + b * sizes[i] * sizes[i] for mb in rank for i in mb) for rank in plan]
+        a, b = model.seconds_per_token, model.seconds_per_token_pair
+        work = [a * size + b * size * size for size in self.sizes]
+        loads = [sum(map(work.__getitem__, chain.from_iterable(rank))) for rank in plan]
         return [plan[r] for r in sorted(range(len(plan)), key=lambda r: -loads[r])[:SCREEN_RANKS]]
+
+    @cached_property
+    def _squares(self) -> list[int]:
+        return [size * size for size in self.sizes]
 
     def _forward_time(self, micro_batch: Sequence[int]) -> float:
         """:meth:`StepTimeModel.forward_time` of the micro-batch's planned sizes, what runs (a dummy counts
@@ -148,8 +155,8 @@ class StepTimer:
             longest = max(sizes[i] for i in micro_batch)
             tokens, pairs = len(micro_batch) * longest, len(micro_batch) * longest * longest
         else:
-            tokens = sum(sizes[i] for i in micro_batch)
-            pairs = sum(sizes[i] * sizes[i] for i in micro_batch)
+            tokens = sum(map(sizes.__getitem__, micro_batch))
+            pairs = sum(map(self._squares.__getitem__, micro_batch))
         return model.seconds_per_token * tokens + model.seconds_per_token_pair * pairs + model.seconds_per_microbatch
 
 
@@ -192,7 +199,7 @@ def plan_for_step_time(
 
 def tail_heavy(plan: list[RankPlan], costs: Sequence[float]) -> bool:
     """The busiest rank of ``plan`` costs more than :data:`TAIL_IMBALANCE` above ``max(mean, dearest sample)``."""
-    loads = [sum(costs[i] for mb in rank for i in mb) for rank in plan]
+    loads = [sum(map(costs.__getitem__, chain.from_iterable(rank))) for rank in plan]
     floor = max(sum(loads) / len(plan), max(costs[i] for rank in plan for mb in rank for i in mb))
     return max(loads) > floor * (1 + TAIL_IMBALANCE)
 

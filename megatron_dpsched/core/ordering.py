@@ -45,7 +45,7 @@ def order_micro_batches(
     batches = [sorted(mb) for mb in micro_batches]
     if order == "none":
         return sorted(batches, key=lambda mb: (not mb, mb[:1]))
-    weight = [sum(costs[i] for i in mb) for mb in batches]
+    weight = [sum(map(costs.__getitem__, mb)) for mb in batches]
     ascending = sorted(range(len(batches)), key=lambda b: (weight[b], batches[b][:1]))
     return [batches[b] for b in _arrange(ascending, order)]
 
