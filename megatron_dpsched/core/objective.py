@@ -44,7 +44,7 @@ from functools import cached_property
 from itertools import chain
 
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
-from megatron_dpsched.core.ordering import PIPELINE_ORDERS, order_micro_batches
+from megatron_dpsched.core.ordering import PIPELINE_ORDERS, arrangements, order_micro_batches
 from megatron_dpsched.core.packing import pack_ranks
 from megatron_dpsched.core.steptime import rank_makespans
 
@@ -116,18 +116,24 @@ class StepTimer:
         for rank in sorted(range(len(ordered)), key=lambda r: -spans[r]):
             if spans[rank] <= step:
                 break
-            for order in PIPELINE_ORDERS[1:]:
-                trial = order_micro_batches(ordered[rank], self.costs, order)
-                seconds = self._makespans([trial])[0]
+            batches, arranged = arrangements(ordered[rank], self.costs, PIPELINE_ORDERS[1:])
+            times = [self._forward_time(mb) for mb in batches]
+            for positions in arranged:
+                seconds = self._spans([tuple(times[b] for b in positions)])[0]
                 if seconds < spans[rank] * (1 - ORDER_MARGIN):
-                    ordered[rank], spans[rank] = trial, seconds
+                    ordered[rank], spans[rank] = [batches[b] for b in positions], seconds
             step = max(step, spans[rank])
 
     def _makespans(self, ordered: list[RankPlan]) -> list[float]:
         """Each rank's simulated makespan, its micro-batches run in the given order."""
         model = self.config.step_time_model
         assert model is not None
-        times = [tuple(self._forward_time(mb) for mb in rank) for rank in ordered]
+        return self._spans([tuple(self._forward_time(mb) for mb in rank) for rank in ordered])
+
+    def _spans(self, times: list[tuple[float, ...]]) -> list[float]:
+        """Each rank's simulated makespan from its micro-batches' forward times in run order."""
+        model = self.config.step_time_model
+        assert model is not None
         return rank_makespans(times, layout=self.config.layout, backward_factor=model.backward_factor)
 
     def busiest(self, plan: list[RankPlan]) -> list[RankPlan]:
@@ -200,7 +206,7 @@ def plan_for_step_time(
 def tail_heavy(plan: list[RankPlan], costs: Sequence[float]) -> bool:
     """The busiest rank of ``plan`` costs more than :data:`TAIL_IMBALANCE` above ``max(mean, dearest sample)``."""
     loads = [sum(map(costs.__getitem__, chain.from_iterable(rank))) for rank in plan]
-    floor = max(sum(loads) / len(plan), max(costs[i] for rank in plan for mb in rank for i in mb))
+    floor = max(sum(loads) / len(plan), max(map(costs.__getitem__, chain.from_iterable(chain.from_iterable(plan)))))
     return max(loads) > floor * (1 + TAIL_IMBALANCE)
 
 

@@ -42,12 +42,21 @@ def order_micro_batches(
 ) -> list[list[int]]:
     """Return the micro-batches in run order (``"none"`` or one of :data:`PIPELINE_ORDERS`); each
     micro-batch's samples in index order."""
-    batches = [sorted(mb) for mb in micro_batches]
     if order == "none":
-        return sorted(batches, key=lambda mb: (not mb, mb[:1]))
+        return sorted((sorted(mb) for mb in micro_batches), key=lambda mb: (not mb, mb[:1]))
+    batches, arranged = arrangements(micro_batches, costs, (order,))
+    return [batches[b] for b in arranged[0]]
+
+
+def arrangements(
+    micro_batches: Sequence[Sequence[int]], costs: Sequence[float], orders: Sequence[str]
+) -> tuple[list[list[int]], list[list[int]]]:
+    """Each micro-batch's samples in index order, and for each of ``orders`` (of :data:`PIPELINE_ORDERS`)
+    the positions of those micro-batches in its run order: one sort for all orders."""
+    batches = [sorted(mb) for mb in micro_batches]
     weight = [sum(map(costs.__getitem__, mb)) for mb in batches]
     ascending = sorted(range(len(batches)), key=lambda b: (weight[b], batches[b][:1]))
-    return [batches[b] for b in _arrange(ascending, order)]
+    return batches, [_arrange(ascending, order) for order in orders]
 
 
 def _arrange(ascending: list[int], order: str) -> list[int]:
