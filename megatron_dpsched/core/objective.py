@@ -43,10 +43,12 @@ from dataclasses import dataclass
 from functools import cached_property
 from itertools import chain
 
+import numpy as np
+
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
 from megatron_dpsched.core.ordering import PIPELINE_ORDERS, arrangements, order_micro_batches
 from megatron_dpsched.core.packing import pack_ranks
-from megatron_dpsched.core.steptime import rank_makespans
+from megatron_dpsched.core.steptime import VECTOR_RANKS, rank_makespans
 
 STEP_TIME_TOLERANCE = 0.005
 """Among candidates within this share of the fastest, the one with the fewest micro-batches wins (small: a plan
@@ -102,27 +104,60 @@ class StepTimer:
         """``plan`` in run order with the slowest rank's simulated makespan: step 6's order, or with
         ``pp_size > 1`` and order ``"pipeline"`` the fastest order of each rank (:meth:`_choose_orders`)."""
         order = self.config.microbatch_order
-        ordered = [order_micro_batches(rank, self.costs, order) for rank in plan]
-        spans = self._makespans(ordered)
-        if self.config.pp_size > 1 and order == PIPELINE_ORDERS[0]:
-            self._choose_orders(ordered, spans)
+        if order not in PIPELINE_ORDERS:
+            ordered = [order_micro_batches(rank, self.costs, order) for rank in plan]
+            return Candidate(num_microbatches=len(plan[0]), seconds=max(self._makespans(ordered)), plan=ordered)
+        choosing = self.config.pp_size > 1 and order == PIPELINE_ORDERS[0]
+        arranged = [arrangements(rank, self.costs, PIPELINE_ORDERS if choosing else (order,)) for rank in plan]
+        times = self._batch_times([batches for batches, _ in arranged])
+        ordered = [[batches[b] for b in positions[0]] for batches, positions in arranged]
+        spans = self._spans([tuple(map(rank_times.__getitem__, positions[0]))
+                             for rank_times, (_, positions) in zip(times, arranged)])
+        if choosing:
+            self._choose_orders(ordered, spans, arranged, times)
         return Candidate(num_microbatches=len(plan[0]), seconds=max(spans), plan=ordered)
 
-    def _choose_orders(self, ordered: list[RankPlan], spans: list[float]) -> None:
+    def _choose_orders(
+        self, ordered: list[RankPlan], spans: list[float], arranged: list[tuple[RankPlan, list[list[int]]]],
+        times: list[list[float]],
+    ) -> None:
         """In place: ranks from the slowest, each in the fastest of
         :data:`~megatron_dpsched.core.ordering.PIPELINE_ORDERS` (step 6's unless another is faster by more
-        than :data:`ORDER_MARGIN`), until the next rank's makespan cannot be the step time."""
+        than :data:`ORDER_MARGIN`), until the next rank's makespan cannot be the step time. ``arranged``: each
+        rank's micro-batches and their positions in every order; ``times``: their forward times."""
+        others = [self._spans([tuple(map(rank_times.__getitem__, positions[k])) for rank_times, (_, positions)
+                               in zip(times, arranged)]) for k in range(1, len(PIPELINE_ORDERS))]
         step = 0.0
         for rank in sorted(range(len(ordered)), key=lambda r: -spans[r]):
             if spans[rank] <= step:
                 break
-            batches, arranged = arrangements(ordered[rank], self.costs, PIPELINE_ORDERS[1:])
-            times = [self._forward_time(mb) for mb in batches]
-            for positions in arranged:
-                seconds = self._spans([tuple(times[b] for b in positions)])[0]
+            batches, positions = arranged[rank]
+            for k in range(1, len(PIPELINE_ORDERS)):
+                seconds = others[k - 1][rank]
                 if seconds < spans[rank] * (1 - ORDER_MARGIN):
-                    ordered[rank], spans[rank] = [batches[b] for b in positions], seconds
+                    ordered[rank], spans[rank] = [batches[b] for b in positions[k]], seconds
             step = max(step, spans[rank])
+
+    def _batch_times(self, ranks: list[RankPlan]) -> list[list[float]]:
+        """:meth:`_forward_time` of every micro-batch of every rank; with many ranks in one NumPy pass when its
+        token and pair sums are exact in floating point (as Python's integer sums are)."""
+        sizes = self.sizes
+        if len(ranks) < VECTOR_RANKS or self.config.padded_rows or max(sizes) ** 2 * len(sizes) >= 2**53:
+            return [[self._forward_time(mb) for mb in rank] for rank in ranks]
+        model = self.config.step_time_model
+        assert model is not None
+        batches = list(chain.from_iterable(ranks))
+        counts = np.fromiter(map(len, batches), dtype=np.int64, count=len(batches))
+        items = np.fromiter(chain.from_iterable(batches), dtype=np.int64, count=int(counts.sum()))
+        owner = np.repeat(np.arange(len(batches)), counts)
+        planned = np.asarray(sizes, dtype=np.float64)[items]
+        tokens = np.bincount(owner, weights=planned, minlength=len(batches))
+        pairs = np.bincount(owner, weights=planned * planned, minlength=len(batches))
+        tokens[counts == 0] = pairs[counts == 0] = 1.0
+        seconds = (model.seconds_per_token * tokens + model.seconds_per_token_pair * pairs
+                   + model.seconds_per_microbatch).tolist()
+        bounds = np.cumsum([len(rank) for rank in ranks]).tolist()
+        return [seconds[a:b] for a, b in zip([0, *bounds[:-1]], bounds)]
 
     def _makespans(self, ordered: list[RankPlan]) -> list[float]:
         """Each rank's simulated makespan, its micro-batches run in the given order."""
