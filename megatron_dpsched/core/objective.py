@@ -141,8 +141,7 @@ class StepTimer:
     def _batch_times(self, ranks: list[RankPlan]) -> list[list[float]]:
         """:meth:`_forward_time` of every micro-batch of every rank; with many ranks in one NumPy pass when its
         token and pair sums are exact in floating point (as Python's integer sums are)."""
-        sizes = self.sizes
-        if len(ranks) < VECTOR_RANKS or self.config.padded_rows or max(sizes) ** 2 * len(sizes) >= 2**53:
+        if len(ranks) < VECTOR_RANKS or self.config.padded_rows or self._planned is None:
             return [[self._forward_time(mb) for mb in rank] for rank in ranks]
         model = self.config.step_time_model
         assert model is not None
@@ -150,7 +149,7 @@ class StepTimer:
         counts = np.fromiter(map(len, batches), dtype=np.int64, count=len(batches))
         items = np.fromiter(chain.from_iterable(batches), dtype=np.int64, count=int(counts.sum()))
         owner = np.repeat(np.arange(len(batches)), counts)
-        planned = np.asarray(sizes, dtype=np.float64)[items]
+        planned = self._planned[items]
         tokens = np.bincount(owner, weights=planned, minlength=len(batches))
         pairs = np.bincount(owner, weights=planned * planned, minlength=len(batches))
         tokens[counts == 0] = pairs[counts == 0] = 1.0
@@ -179,6 +178,12 @@ class StepTimer:
         work = [a * size + b * size * size for size in self.sizes]
         loads = [sum(map(work.__getitem__, chain.from_iterable(rank))) for rank in plan]
         return [plan[r] for r in sorted(range(len(plan)), key=lambda r: -loads[r])[:SCREEN_RANKS]]
+
+    @cached_property
+    def _planned(self) -> np.ndarray | None:
+        """The planned sizes as floats, ``None`` when a sum of their squares might not be exact in floating point."""
+        exact = max(self.sizes) ** 2 * len(self.sizes) < 2**53
+        return np.asarray(self.sizes, dtype=np.float64) if exact else None
 
     @cached_property
     def _squares(self) -> list[int]:
