@@ -175,7 +175,8 @@ class StepTimer:
         model = self.config.step_time_model
         assert model is not None
         a, b = model.seconds_per_token, model.seconds_per_token_pair
-        work = [a * size + b * size * size for size in self.sizes]
+        planned = np.asarray(self.sizes, dtype=np.float64) if self._planned is None else self._planned
+        work = (a * planned + b * planned * planned).tolist()  # elementwise, as Python computes each
         loads = [sum(map(work.__getitem__, chain.from_iterable(rank))) for rank in plan]
         return [plan[r] for r in sorted(range(len(plan)), key=lambda r: -loads[r])[:SCREEN_RANKS]]
 
@@ -246,7 +247,7 @@ def plan_for_step_time(
 def tail_heavy(plan: list[RankPlan], costs: Sequence[float]) -> bool:
     """The busiest rank of ``plan`` costs more than :data:`TAIL_IMBALANCE` above ``max(mean, dearest sample)``."""
     loads = [sum(map(costs.__getitem__, chain.from_iterable(rank))) for rank in plan]
-    floor = max(sum(loads) / len(plan), max(map(costs.__getitem__, chain.from_iterable(chain.from_iterable(plan)))))
+    floor = max(sum(loads) / len(plan), max(costs))  # the plan holds every sample of the step
     return max(loads) > floor * (1 + TAIL_IMBALANCE)
 
 
