@@ -14,6 +14,7 @@ import heapq
 import math
 from bisect import bisect_left, insort
 from collections.abc import Sequence
+from itertools import chain
 
 import numpy as np
 
@@ -245,29 +246,36 @@ def _worst_fit_ranks(
     every rank its ``t``-th longest item (ties in the rank's order), each to its lightest micro-batch (the
     first of equals), so the choices are the heap's."""
     counts = np.array([len(items) for items in ranks], dtype=np.int64)
-    flat_items = np.fromiter((i for items in ranks for i in items), dtype=np.int64, count=int(counts.sum()))
+    flat_items = np.fromiter(chain.from_iterable(ranks), dtype=np.int64, count=int(counts.sum()))
     owner = np.repeat(np.arange(len(ranks)), counts)
     item_sizes = np.asarray(sizes, dtype=np.int64)[flat_items]
-    order = np.lexsort((-item_sizes, owner))
+    longest = int(item_sizes.max(initial=0))
+    order = np.argsort(owner * (longest + 1) + (longest - item_sizes), kind="stable")  # by rank, then longest
     flat_items, item_sizes = flat_items[order], item_sizes[order]
     starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
     column = np.arange(len(flat_items)) - np.repeat(starts, counts)
     width = int(counts.max())
-    grid = np.zeros((len(ranks), width), dtype=np.int64)
-    grid[owner, column] = item_sizes
-    loads = np.zeros((len(ranks), num_bins), dtype=np.int64)
+    grid = np.zeros((width, len(ranks)), dtype=np.int64)  # step t: every rank's t-th item (0: none)
+    grid[column, owner] = item_sizes
+    loads = np.zeros(len(ranks) * num_bins, dtype=np.int64)  # rank r's micro-batch b at r * num_bins + b
     failed = np.zeros(len(ranks), dtype=bool)
-    chosen = np.zeros((len(ranks), width), dtype=np.int64)
-    rows, full = np.arange(len(ranks)), 1 << 62  # an oversize sample's micro-batch: full
+    chosen = np.zeros((width, len(ranks)), dtype=np.int64)
+    offsets, full = np.arange(len(ranks)) * num_bins, 1 << 62  # an oversize sample's micro-batch: full
+    oversize = bool(np.any(item_sizes > cap))
     for t in range(width):
-        size = grid[:, t]
-        b = np.argmin(loads, axis=1)
-        load = loads[rows, b]
-        over = size > cap
-        failed |= (size > 0) & np.where(over, load > 0, load + size > cap)
-        loads[rows, b] = np.where(size == 0, load, np.where(over, full, load + size))
-        chosen[:, t] = b
-    key = (owner * num_bins + chosen[owner, column]).astype(small_int(len(ranks) * num_bins))
+        size = grid[t]
+        at = loads.reshape(len(ranks), num_bins).argmin(axis=1) + offsets
+        load = loads[at] + size  # no item (0) adds nothing
+        if oversize:
+            over = size > cap
+            failed |= (size > 0) & np.where(over, load > size, load > cap)
+            load[over] = full
+        else:
+            failed |= load > cap
+        loads[at] = load
+        chosen[t] = at
+    chosen -= offsets
+    key = (owner * num_bins + chosen[column, owner]).astype(small_int(len(ranks) * num_bins))
     members = flat_items[np.argsort(key, kind="stable")].tolist()
     bounds = np.cumsum(np.bincount(key, minlength=len(ranks) * num_bins)).tolist()
     bins = [members[a:b] for a, b in zip([0, *bounds[:-1]], bounds)]
