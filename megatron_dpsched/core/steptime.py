@@ -4,7 +4,7 @@ A planner that balances cost per rank still pays pipeline bubbles, and with
 pipeline parallelism a rank's time depends on the order of its micro-batches,
 not only on their sum. This module predicts the forward-backward time of one
 optimizer step from per-micro-batch sample lengths, by replaying Megatron's
-pipeline schedule as a dataflow simulation. Pure Python, deterministic.
+pipeline schedule as a dataflow simulation. Python and NumPy, deterministic.
 
 Rules:
 
