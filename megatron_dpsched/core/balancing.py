@@ -53,17 +53,15 @@ def lpt_assign(
     heap = _Heap(num_ranks, capacity)
     for start, stop in zip(starts[:-1], starts[1:]):
         cost, weight = float(item_costs[start]), float(item_weights[start])
-        if integral and stop - start >= BATCH_RUN and _deal_run(heap, owners, start, stop, cost=cost, weight=weight):
-            continue
-        for position in range(start, stop):
-            rank = heap.take(cost, weight, float(smallest_left[position]))
-            if rank is None:
-                return None
-            owners[position] = rank
+        if not (integral and stop - start >= BATCH_RUN and _deal_run(heap, owners, start, stop, cost=cost,
+                                                                     weight=weight)):
+            for position in range(start, stop):
+                rank = heap.take(cost, weight, float(smallest_left[position]))
+                if rank is None:
+                    break
+                owners[position] = rank
         if heap.failed:
             return None
-    if heap.failed:
-        return None
     by_rank = np.argsort(owners, kind="stable")
     flat = ids[by_rank].tolist()
     bounds = np.cumsum(np.bincount(owners, minlength=num_ranks)).tolist()
