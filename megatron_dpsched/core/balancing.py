@@ -114,6 +114,7 @@ class _Heap:
         return rank
 
 
+@np.errstate(over="ignore", invalid="ignore")  # as Python floats: inf and nan, no warning
 def _deal_run(heap: _Heap, owners: np.ndarray, start: int, stop: int, *, cost: float, weight: float) -> bool:
     """Deal items ``start .. stop - 1`` (equal ``cost`` and ``weight``) as :meth:`_Heap.take` would, one after
     the other; ``False`` (nothing changed) when the batch does not apply.

@@ -138,6 +138,7 @@ class StepTimer:
                     ordered[rank], spans[rank] = [batches[b] for b in positions[k]], seconds
             step = max(step, spans[rank])
 
+    @np.errstate(over="ignore", invalid="ignore")  # as Python floats: inf and nan, no warning
     def _batch_times(self, ranks: list[RankPlan]) -> list[list[float]]:
         """:meth:`_forward_time` of every micro-batch of every rank; with many ranks in one NumPy pass when its
         token and pair sums are exact in floating point (as Python's integer sums are)."""
@@ -170,6 +171,7 @@ class StepTimer:
         assert model is not None
         return rank_makespans(times, layout=self.config.layout, backward_factor=model.backward_factor)
 
+    @np.errstate(over="ignore", invalid="ignore")  # as Python floats: inf and nan, no warning
     def busiest(self, plan: list[RankPlan]) -> list[RankPlan]:
         """The :data:`SCREEN_RANKS` ranks of ``plan`` with the most work (forward time of their samples)."""
         model = self.config.step_time_model

@@ -358,6 +358,7 @@ VECTOR_RANKS = 8
 """:func:`rank_makespans` simulates this many ranks or more at once with NumPy."""
 
 
+@np.errstate(over="ignore", invalid="ignore")  # as Python floats: inf and nan, no warning
 def _simulate_ranks(times: np.ndarray, layout: PipelineLayout, backward_factor: float) -> list[float]:
     """:func:`_simulate`'s makespans (no latency) of every row of ``times`` at once: ranks of one count share
     every op's stage and dependency, so the ops run in one order valid for all (:func:`_op_sequence`) with
