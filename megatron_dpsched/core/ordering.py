@@ -14,6 +14,7 @@ descending and cost ascending.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import itemgetter
 
 from megatron_dpsched.core.validation import ArgumentError
 
@@ -42,8 +43,9 @@ def order_micro_batches(
 ) -> list[list[int]]:
     """Return the micro-batches in run order (``"none"`` or one of :data:`PIPELINE_ORDERS`); each
     micro-batch's samples in index order."""
-    if order == "none":
-        return sorted((sorted(mb) for mb in micro_batches), key=lambda mb: (not mb, mb[:1]))
+    if order == "none":  # by first sample (distinct), empty ones last
+        batches = [sorted(mb) for mb in micro_batches]
+        return sorted((mb for mb in batches if mb), key=itemgetter(0)) + [mb for mb in batches if not mb]
     batches, arranged = arrangements(micro_batches, costs, (order,))
     return [batches[b] for b in arranged[0]]
 
