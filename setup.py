@@ -18,7 +18,7 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["megatron_dpsched", "megatron_dpsched.*"]),
     package_data={"megatron_dpsched": ["data/*.txt", "data/*.md"]},
-    install_requires=[],
+    install_requires=["numpy>=1.24"],
     extras_require={
         "megatron": ["torch>=2.6", "megatron-core>=0.19,<0.20"],
         "test": ["pytest>=8", "hypothesis>=6.100", "ruff>=0.6", "psutil>=5.9", "tensorboard>=2.15",

@@ -50,8 +50,18 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from megatron_dpsched.core.steptime import StepTimeModel
-from megatron_dpsched.core.validation import is_int, is_real, require_bool, require_costs, require_int
+from megatron_dpsched.core.validation import (
+    all_ints,
+    is_int,
+    is_real,
+    require_bool,
+    require_costs,
+    require_int,
+    valid_cost,
+)
 
 MAX_DIMENSION = 2**31 - 1
 """Upper bound on a model dimension (a guard on absurd sizes)."""
@@ -334,10 +344,31 @@ def require_cost_model(cost_model: object) -> None:
 def sample_costs(
     lengths: Sequence[int], cost_model: CostFunction | None
 ) -> tuple[float, ...]:
-    """Cost of every sample: its token count when ``cost_model`` is ``None``."""
+    """Cost of every sample: its token count when ``cost_model`` is ``None``.
+
+    ``cost_model`` is called once per distinct length, in order of first appearance; the costs are checked
+    once per distinct length too (:func:`~megatron_dpsched.core.validation.require_costs` names the first bad
+    sample)."""
     if cost_model is None:
         return tuple(float(length) for length in lengths)
     require_cost_model(cost_model)
+    if not lengths or not all_ints(lengths):
+        return _sample_costs_one_by_one(lengths, cost_model)
+    try:
+        array = np.fromiter(lengths, dtype=np.int64, count=len(lengths))
+    except OverflowError:
+        return _sample_costs_one_by_one(lengths, cost_model)
+    distinct, first, inverse = np.unique(array, return_index=True, return_inverse=True)
+    values: list[object] = [None] * len(distinct)
+    for j in np.argsort(first).tolist():
+        values[j] = cost_model(int(distinct[j]))
+    if not all(valid_cost(value) for value in values):
+        return _sample_costs_one_by_one(lengths, cost_model)  # the error names the first bad sample
+    return require_costs(np.array([float(value) for value in values])[inverse].tolist(), len(lengths),
+                         checked=True)
+
+
+def _sample_costs_one_by_one(lengths: Sequence[int], cost_model: CostFunction) -> tuple[float, ...]:
     cache: dict[int, float] = {}
     costs = []
     for length in lengths:

@@ -49,12 +49,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
+from itertools import chain
+
+import numpy as np
 
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
 from megatron_dpsched.core.kk import differencing_pack
-from megatron_dpsched.core.ordering import PIPELINE_ORDERS, order_micro_batches
-from megatron_dpsched.core.packing import pack_into
-from megatron_dpsched.core.steptime import rank_makespans
+from megatron_dpsched.core.ordering import PIPELINE_ORDERS, arrangements, order_micro_batches
+from megatron_dpsched.core.packing import pack_ranks
+from megatron_dpsched.core.steptime import VECTOR_RANKS, rank_makespans
 
 STEP_TIME_TOLERANCE = 0.005
 """Among candidates within this share of the fastest, the one with the fewest micro-batches wins (small: a plan
@@ -113,25 +117,38 @@ class StepTimer:
         """``plan`` in run order with the slowest rank's simulated makespan: step 6's order, or with
         ``pp_size > 1`` and order ``"pipeline"`` the fastest order of each rank (:meth:`_choose_orders`)."""
         order = self.config.microbatch_order
-        ordered = [order_micro_batches(rank, self.costs, order) for rank in plan]
-        spans = self._makespans(ordered)
-        if self.config.pp_size > 1 and order == PIPELINE_ORDERS[0]:
-            self._choose_orders(ordered, spans)
+        if order not in PIPELINE_ORDERS:
+            ordered = [order_micro_batches(rank, self.costs, order) for rank in plan]
+            return Candidate(num_microbatches=len(plan[0]), seconds=max(self._makespans(ordered)), plan=ordered)
+        choosing = self.config.pp_size > 1 and order == PIPELINE_ORDERS[0]
+        arranged = [arrangements(rank, self.costs, PIPELINE_ORDERS if choosing else (order,)) for rank in plan]
+        times = self._batch_times([batches for batches, _ in arranged])
+        ordered = [[batches[b] for b in positions[0]] for batches, positions in arranged]
+        spans = self._spans([tuple(map(rank_times.__getitem__, positions[0]))
+                             for rank_times, (_, positions) in zip(times, arranged)])
+        if choosing:
+            self._choose_orders(ordered, spans, arranged, times)
         return Candidate(num_microbatches=len(plan[0]), seconds=max(spans), plan=ordered)
 
-    def _choose_orders(self, ordered: list[RankPlan], spans: list[float]) -> None:
+    def _choose_orders(
+        self, ordered: list[RankPlan], spans: list[float], arranged: list[tuple[RankPlan, list[list[int]]]],
+        times: list[list[float]],
+    ) -> None:
         """In place: ranks from the slowest, each in the fastest of
         :data:`~megatron_dpsched.core.ordering.PIPELINE_ORDERS` (step 6's unless another is faster by more
-        than :data:`ORDER_MARGIN`), until the next rank's makespan cannot be the step time."""
+        than :data:`ORDER_MARGIN`), until the next rank's makespan cannot be the step time. ``arranged``: each
+        rank's micro-batches and their positions in every order; ``times``: their forward times."""
+        others = [self._spans([tuple(map(rank_times.__getitem__, positions[k])) for rank_times, (_, positions)
+                               in zip(times, arranged)]) for k in range(1, len(PIPELINE_ORDERS))]
         step = 0.0
         for rank in sorted(range(len(ordered)), key=lambda r: -spans[r]):
             if spans[rank] <= step:
                 break
-            for order in PIPELINE_ORDERS[1:]:
-                trial = order_micro_batches(ordered[rank], self.costs, order)
-                seconds = self._makespans([trial])[0]
+            batches, positions = arranged[rank]
+            for k in range(1, len(PIPELINE_ORDERS)):
+                seconds = others[k - 1][rank]
                 if seconds < spans[rank] * (1 - ORDER_MARGIN):
-                    ordered[rank], spans[rank] = trial, seconds
+                    ordered[rank], spans[rank] = [batches[b] for b in positions[k]], seconds
             step = max(step, spans[rank])
 
     def makespans(self, ordered: list[RankPlan]) -> list[float]:
@@ -146,20 +163,59 @@ class StepTimer:
         a, b = model.seconds_per_token, model.seconds_per_token_pair
         return [a * size + b * size * size for size in self.sizes]
 
+    @np.errstate(over="ignore", invalid="ignore")  # as Python floats: inf and nan, no warning
+    def _batch_times(self, ranks: list[RankPlan]) -> list[list[float]]:
+        """:meth:`_forward_time` of every micro-batch of every rank; with many ranks in one NumPy pass when its
+        token and pair sums are exact in floating point (as Python's integer sums are)."""
+        if len(ranks) < VECTOR_RANKS or self.config.padded_rows or self._planned is None:
+            return [[self._forward_time(mb) for mb in rank] for rank in ranks]
+        model = self.config.step_time_model
+        assert model is not None
+        batches = list(chain.from_iterable(ranks))
+        counts = np.fromiter(map(len, batches), dtype=np.int64, count=len(batches))
+        items = np.fromiter(chain.from_iterable(batches), dtype=np.int64, count=int(counts.sum()))
+        owner = np.repeat(np.arange(len(batches)), counts)
+        planned = self._planned[items]
+        tokens = np.bincount(owner, weights=planned, minlength=len(batches))
+        pairs = np.bincount(owner, weights=planned * planned, minlength=len(batches))
+        tokens[counts == 0] = pairs[counts == 0] = 1.0
+        seconds = (model.seconds_per_token * tokens + model.seconds_per_token_pair * pairs
+                   + model.seconds_per_microbatch).tolist()
+        bounds = np.cumsum([len(rank) for rank in ranks]).tolist()
+        return [seconds[a:b] for a, b in zip([0, *bounds[:-1]], bounds)]
+
     def _makespans(self, ordered: list[RankPlan]) -> list[float]:
         """Each rank's simulated makespan, its micro-batches run in the given order."""
         model = self.config.step_time_model
         assert model is not None
-        times = [tuple(self._forward_time(mb) for mb in rank) for rank in ordered]
+        return self._spans([tuple(self._forward_time(mb) for mb in rank) for rank in ordered])
+
+    def _spans(self, times: list[tuple[float, ...]]) -> list[float]:
+        """Each rank's simulated makespan from its micro-batches' forward times in run order."""
+        model = self.config.step_time_model
+        assert model is not None
         return rank_makespans(times, layout=self.config.layout, backward_factor=model.backward_factor)
 
+    @np.errstate(over="ignore", invalid="ignore")  # as Python floats: inf and nan, no warning
     def busiest(self, plan: list[RankPlan]) -> list[RankPlan]:
         """The :data:`SCREEN_RANKS` ranks of ``plan`` with the most work (forward time of their samples)."""
         model = self.config.step_time_model
         assert model is not None
-        a, b, sizes = model.seconds_per_token, model.seconds_per_token_pair, self.sizes
-        loads = [sum(a * sizes[i] + b * sizes[i] * sizes[i] for mb in rank for i in mb) for rank in plan]
+        a, b = model.seconds_per_token, model.seconds_per_token_pair
+        planned = np.asarray(self.sizes, dtype=np.float64) if self._planned is None else self._planned
+        work = (a * planned + b * planned * planned).tolist()  # elementwise, as Python computes each
+        loads = [sum(map(work.__getitem__, chain.from_iterable(rank))) for rank in plan]
         return [plan[r] for r in sorted(range(len(plan)), key=lambda r: -loads[r])[:SCREEN_RANKS]]
+
+    @cached_property
+    def _planned(self) -> np.ndarray | None:
+        """The planned sizes as floats, ``None`` when a sum of their squares might not be exact in floating point."""
+        exact = max(self.sizes) ** 2 * len(self.sizes) < 2**53
+        return np.asarray(self.sizes, dtype=np.float64) if exact else None
+
+    @cached_property
+    def _squares(self) -> list[int]:
+        return [size * size for size in self.sizes]
 
     def _forward_time(self, micro_batch: Sequence[int]) -> float:
         """:meth:`StepTimeModel.forward_time` of the micro-batch's planned sizes, what runs (a dummy counts
@@ -173,8 +229,8 @@ class StepTimer:
             longest = max(sizes[i] for i in micro_batch)
             tokens, pairs = len(micro_batch) * longest, len(micro_batch) * longest * longest
         else:
-            tokens = sum(sizes[i] for i in micro_batch)
-            pairs = sum(sizes[i] * sizes[i] for i in micro_batch)
+            tokens = sum(map(sizes.__getitem__, micro_batch))
+            pairs = sum(map(self._squares.__getitem__, micro_batch))
         return model.seconds_per_token * tokens + model.seconds_per_token_pair * pairs + model.seconds_per_microbatch
 
 
@@ -217,8 +273,8 @@ def plan_for_step_time(
 
 def tail_heavy(plan: list[RankPlan], costs: Sequence[float]) -> bool:
     """The busiest rank of ``plan`` costs more than :data:`TAIL_IMBALANCE` above ``max(mean, dearest sample)``."""
-    loads = [sum(costs[i] for mb in rank for i in mb) for rank in plan]
-    floor = max(sum(loads) / len(plan), max(costs[i] for rank in plan for mb in rank for i in mb))
+    loads = [sum(map(costs.__getitem__, chain.from_iterable(rank))) for rank in plan]
+    floor = max(sum(loads) / len(plan), max(costs))  # the plan holds every sample of the step
     return max(loads) > floor * (1 + TAIL_IMBALANCE)
 
 
@@ -348,6 +404,6 @@ def repack_ranks(
     """Every rank's samples packed into ``count`` micro-batches (step 4); ``None`` if one does not fit."""
     cap = config.token_cap
     assert cap is not None
-    packed = [pack_into([i for mb in rank for i in mb], sizes, cap, count, padded_rows=config.padded_rows)
-              for rank in plan]
+    packed = pack_ranks([[i for mb in rank for i in mb] for rank in plan], sizes, cap, count,
+                        padded_rows=config.padded_rows)
     return None if any(bins is None for bins in packed) else packed  # type: ignore[return-value]

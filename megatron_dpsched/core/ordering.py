@@ -14,6 +14,7 @@ descending and cost ascending.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import itemgetter
 
 from megatron_dpsched.core.validation import ArgumentError
 
@@ -42,12 +43,22 @@ def order_micro_batches(
 ) -> list[list[int]]:
     """Return the micro-batches in run order (``"none"`` or one of :data:`PIPELINE_ORDERS`); each
     micro-batch's samples in index order."""
+    if order == "none":  # by first sample (distinct), empty ones last
+        batches = [sorted(mb) for mb in micro_batches]
+        return sorted((mb for mb in batches if mb), key=itemgetter(0)) + [mb for mb in batches if not mb]
+    batches, arranged = arrangements(micro_batches, costs, (order,))
+    return [batches[b] for b in arranged[0]]
+
+
+def arrangements(
+    micro_batches: Sequence[Sequence[int]], costs: Sequence[float], orders: Sequence[str]
+) -> tuple[list[list[int]], list[list[int]]]:
+    """Each micro-batch's samples in index order, and for each of ``orders`` (of :data:`PIPELINE_ORDERS`)
+    the positions of those micro-batches in its run order: one sort for all orders."""
     batches = [sorted(mb) for mb in micro_batches]
-    if order == "none":
-        return sorted(batches, key=lambda mb: (not mb, mb[:1]))
-    weight = [sum(costs[i] for i in mb) for mb in batches]
+    weight = [sum(map(costs.__getitem__, mb)) for mb in batches]
     ascending = sorted(range(len(batches)), key=lambda b: (weight[b], batches[b][:1]))
-    return [batches[b] for b in _arrange(ascending, order)]
+    return batches, [_arrange(ascending, order) for order in orders]
 
 
 def _arrange(ascending: list[int], order: str) -> list[int]:

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import heapq
 import math
-from bisect import bisect_left, bisect_right, insort
+from bisect import bisect_left, insort
 from collections.abc import Sequence
+from itertools import chain
+
+import numpy as np
 
 from megatron_dpsched.core.padding import collated_size
 
@@ -29,12 +32,13 @@ def bin_lower_bound(sizes: Sequence[int], cap: int, *, padded_rows: bool = False
     """
     if padded_rows:
         return chunk_count(sizes, cap)
-    oversize = sum(1 for size in sizes if size > cap)
-    rest = sorted(size for size in sizes if size <= cap)
-    bound = math.ceil(sum(rest) / cap)
+    array = np.asarray(sizes, dtype=np.int64)
+    rest = np.sort(array[array <= cap])
+    oversize = len(array) - len(rest)
+    bound = math.ceil(int(rest.sum()) / cap)
     k = 1
     while math.ceil(len(rest) / k) > bound:
-        longer = len(rest) - bisect_right(rest, cap // (k + 1))  # sizes with size * (k + 1) > cap
+        longer = len(rest) - int(np.searchsorted(rest, cap // (k + 1), side="right"))  # size * (k + 1) > cap
         bound = max(bound, math.ceil(longer / k))
         k += 1
     return oversize + bound
@@ -216,6 +220,71 @@ def pack_into(
     if len(bins) > num_bins:
         return None
     return split_to_count(bins, sizes, num_bins)
+
+
+def pack_ranks(
+    ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int, num_bins: int, *, padded_rows: bool = False
+) -> list[list[list[int]] | None]:
+    """:func:`pack_into` of every rank's items (the same micro-batches); the worst-fit pass runs on all ranks at
+    once with NumPy when there are at least :data:`VECTOR_RANKS` ranks (:func:`_worst_fit_ranks`)."""
+    total, width = sum(len(items) for items in ranks), max((len(items) for items in ranks), default=0)
+    if padded_rows or len(ranks) < VECTOR_RANKS or width * len(ranks) > 4 * total + 65536:
+        return [pack_into(items, sizes, cap, num_bins, padded_rows=padded_rows) for items in ranks]
+    packed = _worst_fit_ranks(ranks, sizes, cap, num_bins)
+    return [bins if bins is not None else pack_into(items, sizes, cap, num_bins)
+            for items, bins in zip(ranks, packed)]
+
+
+VECTOR_RANKS = 16
+""":func:`pack_ranks` runs worst fit on all ranks at once from this many ranks."""
+
+
+def _worst_fit_ranks(
+    ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int, num_bins: int
+) -> list[list[list[int]] | None]:
+    """:func:`worst_fit_decreasing` of every rank, ``None`` for a rank whose pass overflows: step ``t`` hands
+    every rank its ``t``-th longest item (ties in the rank's order), each to its lightest micro-batch (the
+    first of equals), so the choices are the heap's."""
+    counts = np.array([len(items) for items in ranks], dtype=np.int64)
+    flat_items = np.fromiter(chain.from_iterable(ranks), dtype=np.int64, count=int(counts.sum()))
+    owner = np.repeat(np.arange(len(ranks)), counts)
+    item_sizes = np.asarray(sizes, dtype=np.int64)[flat_items]
+    longest = int(item_sizes.max(initial=0))
+    order = np.argsort(owner * (longest + 1) + (longest - item_sizes), kind="stable")  # by rank, then longest
+    flat_items, item_sizes = flat_items[order], item_sizes[order]
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    column = np.arange(len(flat_items)) - np.repeat(starts, counts)
+    width = int(counts.max())
+    grid = np.zeros((width, len(ranks)), dtype=np.int64)  # step t: every rank's t-th item (0: none)
+    grid[column, owner] = item_sizes
+    loads = np.zeros(len(ranks) * num_bins, dtype=np.int64)  # rank r's micro-batch b at r * num_bins + b
+    failed = np.zeros(len(ranks), dtype=bool)
+    chosen = np.zeros((width, len(ranks)), dtype=np.int64)
+    offsets, full = np.arange(len(ranks)) * num_bins, 1 << 62  # an oversize sample's micro-batch: full
+    oversize = bool(np.any(item_sizes > cap))
+    for t in range(width):
+        size = grid[t]
+        at = loads.reshape(len(ranks), num_bins).argmin(axis=1) + offsets
+        load = loads[at] + size  # no item (0) adds nothing
+        if oversize:
+            over = size > cap
+            failed |= (size > 0) & np.where(over, load > size, load > cap)
+            load[over] = full
+        else:
+            failed |= load > cap
+        loads[at] = load
+        chosen[t] = at
+    chosen -= offsets
+    key = (owner * num_bins + chosen[column, owner]).astype(small_int(len(ranks) * num_bins))
+    members = flat_items[np.argsort(key, kind="stable")].tolist()
+    bounds = np.cumsum(np.bincount(key, minlength=len(ranks) * num_bins)).tolist()
+    bins = [members[a:b] for a, b in zip([0, *bounds[:-1]], bounds)]
+    return [None if failed[r] else bins[r * num_bins : (r + 1) * num_bins] for r in range(len(ranks))]
+
+
+def small_int(count: int) -> type:
+    """The smallest NumPy integer type that holds ``0 .. count - 1`` (a stable sort of it is a radix sort)."""
+    return np.int16 if count <= 2**15 else np.int32 if count <= 2**31 else np.int64
 
 
 def _split_rows(items: Sequence[int], sizes: Sequence[int]) -> tuple[list[int], list[int]]:

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from itertools import chain
+
+import numpy as np
 
 from megatron_dpsched.core import padding
 from megatron_dpsched.core.balancing import assign_bins, lpt_assign, refine_by_moves
@@ -20,7 +23,7 @@ from megatron_dpsched.core.packing import (
     best_fit_decreasing,
     bin_lower_bound,
     first_fit,
-    pack_into,
+    pack_ranks,
     split_to_count,
     target_bin,
 )
@@ -45,8 +48,13 @@ def plan_step(
     ``pad_multiple`` tokens to a sample (and packed attention runs on the real ``cu_seqlens``); and the
     lengths are what the plan stores, fingerprints and checks against the data.
     """
-    local_sizes = list(planned_sizes([lengths[i] for i in samples], pad_multiple=config.pad_multiple))
-    local_costs = [costs[i] for i in samples]
+    first = samples[0]
+    contiguous = samples[-1] - first + 1 == len(samples)  # sorted and distinct: a range
+    if contiguous:
+        local_lengths, local_costs = lengths[first : first + len(samples)], list(costs[first : first + len(samples)])
+    else:
+        local_lengths, local_costs = [lengths[i] for i in samples], [costs[i] for i in samples]
+    local_sizes = list(planned_sizes(local_lengths, pad_multiple=config.pad_multiple))
     if config.micro_batch_size is not None:
         ranks = _plan_static(local_sizes, local_costs, config=config)
     else:
@@ -55,6 +63,10 @@ def plan_step(
         ranks = _plan_step_time(ranks, local_sizes, local_costs, config=config)
     else:
         ranks = [order_micro_batches(rank, local_costs, config.microbatch_order) for rank in ranks]
+    if contiguous and first == 0:
+        return ranks
+    if contiguous:
+        return [[[first + i for i in mb] for mb in rank] for rank in ranks]
     return [[[samples[i] for i in mb] for mb in rank] for rank in ranks]
 
 
@@ -272,7 +284,7 @@ def _global_packing(sizes: list[int], config: ScheduleConfig) -> list[list[int]]
 def _peak_cost(plan: list[RankPlan] | None, costs: list[float]) -> float:
     if plan is None:
         return math.inf
-    return max(sum(costs[i] for mb in rank for i in mb) for rank in plan)
+    return max(sum(map(costs.__getitem__, chain.from_iterable(rank))) for rank in plan)
 
 
 def _plan_by_bins(
@@ -300,13 +312,13 @@ def _assign_and_pack(
     (:func:`_repair_overflow`).
     """
     cap, rows = config.token_cap, config.padded_rows
-    weights = [min(size, cap) for size in sizes]
+    weights = np.minimum(np.asarray(sizes, dtype=np.int64), cap)
     ranks = lpt_assign(
         range(len(sizes)), costs=costs, weights=weights, capacity=num_microbatches * cap, num_ranks=config.dp_size
     )
     if ranks is None:
         return None
-    packed = [pack_into(items, sizes, cap, num_microbatches, padded_rows=rows) for items in ranks]
+    packed = pack_ranks(ranks, sizes, cap, num_microbatches, padded_rows=rows)
     if all(bins is not None for bins in packed):
         return packed
     return _repair_overflow(ranks, packed, sizes, costs, config=config, num_microbatches=num_microbatches)

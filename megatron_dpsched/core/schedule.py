@@ -1,7 +1,7 @@
 """Global data-parallel micro-batch schedule: the contract.
 
 ``build_dp_schedule`` plans every optimizer step of a stream of samples at once, from their
-token counts (``lengths``) alone. It is pure Python (no torch, no Megatron) and deterministic:
+token counts (``lengths``) alone. It needs Python and NumPy only (no torch, no Megatron) and is deterministic:
 every rank that calls it with the same inputs gets the same plan, so no collective is needed.
 :meth:`DPSchedule.step_fingerprint` gives a 63-bit hash of one step that the Megatron layer
 compares across ranks before the step runs.

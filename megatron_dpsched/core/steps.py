@@ -21,6 +21,11 @@ def split_steps(
     their first sample, with all of their samples. A trailing step with fewer
     units is kept as a smaller step, or dropped (and reported) with ``drop_last``.
     """
+    if groups is None:  # a unit per sample: steps are consecutive ranges
+        steps = [list(range(start, min(start + global_batch_size, num_samples)))
+                 for start in range(0, num_samples, global_batch_size)]
+        dropped = steps.pop() if drop_last and num_samples % global_batch_size else []
+        return steps, dropped
     units = _units(num_samples, groups)
     steps = [
         sorted(i for unit in units[start : start + global_batch_size] for i in unit)

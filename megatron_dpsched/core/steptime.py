@@ -4,7 +4,7 @@ A planner that balances cost per rank still pays pipeline bubbles, and with
 pipeline parallelism a rank's time depends on the order of its micro-batches,
 not only on their sum. This module predicts the forward-backward time of one
 optimizer step from per-micro-batch sample lengths, by replaying Megatron's
-pipeline schedule as a dataflow simulation. Pure Python, deterministic.
+pipeline schedule as a dataflow simulation. Python and NumPy, deterministic.
 
 Rules:
 
@@ -64,6 +64,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from typing import Protocol
+
+import numpy as np
 
 from megatron_dpsched.core.alignment import PipelineLayout
 from megatron_dpsched.core.validation import require_int, require_lengths
@@ -344,8 +346,57 @@ def slowest_makespan(
 def rank_makespans(
     per_rank_forward_times: Sequence[tuple[float, ...]], *, layout: PipelineLayout, backward_factor: float
 ) -> list[float]:
-    """Every rank's makespan, :func:`slowest_makespan`'s fast path without the maximum."""
+    """Every rank's makespan, :func:`slowest_makespan`'s fast path without the maximum; from
+    :data:`VECTOR_RANKS` ranks of one count on, all ranks at once (:func:`_simulate_ranks`)."""
+    counts = {len(times) for times in per_rank_forward_times}
+    if len(per_rank_forward_times) >= VECTOR_RANKS and len(counts) == 1:
+        return _simulate_ranks(np.array(per_rank_forward_times, dtype=np.float64), layout, backward_factor)
     return [_simulate(tuple(times), layout, backward_factor, 0.0, record=False)[0] for times in per_rank_forward_times]
+
+
+VECTOR_RANKS = 8
+""":func:`rank_makespans` simulates this many ranks or more at once with NumPy."""
+
+
+@np.errstate(over="ignore", invalid="ignore")  # as Python floats: inf and nan, no warning
+def _simulate_ranks(times: np.ndarray, layout: PipelineLayout, backward_factor: float) -> list[float]:
+    """:func:`_simulate`'s makespans (no latency) of every row of ``times`` at once: ranks of one count share
+    every op's stage and dependency, so the ops run in one order valid for all (:func:`_op_sequence`) with
+    the same additions and maxima, rank by rank, as the one-rank simulation."""
+    count = times.shape[1]
+    share = 1.0 / (layout.pp_size * layout.vpp_size)
+    durations = np.concatenate((times * share, backward_factor * times * share), axis=1).T.copy()
+    end = np.zeros((2 * count * layout.pp_size * layout.vpp_size, times.shape[0]))
+    free = np.zeros((layout.pp_size, times.shape[0]))
+    for stage, op, dependency, duration_index in _op_sequence(layout, count):
+        start = free[stage] if dependency < 0 else np.maximum(free[stage], end[dependency])
+        np.add(start, durations[duration_index], out=end[op])
+        free[stage] = end[op]
+    return free.max(axis=0).tolist()
+
+
+@lru_cache(maxsize=256)
+def _op_sequence(layout: PipelineLayout, count: int) -> tuple[tuple[int, int, int, int], ...]:
+    """Every op as ``(stage, op id, dependency's op id or -1, duration index)`` in the order :func:`_simulate`
+    runs them (which depends on the dependencies only, not on the durations)."""
+    plans = _stage_steps(layout, count)
+    done = [False] * (2 * count * layout.pp_size * layout.vpp_size)
+    waiting = [-1] * len(done)
+    position, awake, out = [0] * layout.pp_size, list(range(layout.pp_size)), []
+    while awake:
+        stage = awake.pop()
+        plan = plans[stage]
+        while position[stage] < len(plan):
+            op, dependency, _, duration_index = plan[position[stage]]
+            if dependency >= 0 and not done[dependency]:
+                waiting[dependency] = stage
+                break
+            out.append((stage, op, dependency, duration_index))
+            done[op] = True
+            if waiting[op] >= 0:
+                awake.append(waiting[op])
+            position[stage] += 1
+    return tuple(out)
 
 
 _Step = tuple[int, int, bool, int]

@@ -66,7 +66,7 @@ def require_lengths(lengths: Sequence[int], *, name: str = "lengths") -> tuple[i
     if len(lengths) == 0:
         raise ArgumentError(f"{name} is empty: there is nothing to schedule", argument=name)
     values = tuple(lengths)
-    if all(type(value) is int for value in values) and 1 <= min(values) and max(values) <= MAX_TOKENS:
+    if all_ints(values) and 1 <= min(values) and max(values) <= MAX_TOKENS:
         return values  # the common case, at C speed
     out = []
     for index, value in enumerate(lengths):
@@ -78,20 +78,36 @@ def require_lengths(lengths: Sequence[int], *, name: str = "lengths") -> tuple[i
     return tuple(out)
 
 
-def require_costs(costs: Sequence[float], count: int) -> tuple[float, ...]:
-    """Validate per-sample costs returned by a cost model: real numbers, finite, > 0, with a finite sum."""
+def all_ints(values: Sequence[object]) -> bool:
+    """Every value is a Python ``int`` (not a bool or a NumPy integer), checked at C speed."""
+    return set(map(type, values)) <= {int}
+
+
+def valid_cost(value: object) -> bool:
+    """A cost a cost model may return: a real number, finite, > 0."""
+    return is_real(value) and _finite(value) and value > 0
+
+
+def require_costs(costs: Sequence[float], count: int, *, checked: bool = False) -> tuple[float, ...]:
+    """Validate per-sample costs returned by a cost model: real numbers, finite, > 0, with a finite sum.
+
+    ``checked``: ``costs`` are Python floats already known to be valid one by one (only the sum is checked)."""
     if len(costs) != count:
         raise ValueError(f"cost_model returned {len(costs)} costs for {count} samples")
-    out = []
-    for index, value in enumerate(costs):
-        if not is_real(value) or not _finite(value) or value <= 0:
-            raise ValueError(
-                f"cost_model gave sample {index} the cost {value!r}; costs must be finite real numbers > 0"
-            )
-        out.append(float(value))
+    if checked:
+        out = tuple(costs)
+    else:
+        out = []
+        for index, value in enumerate(costs):
+            if not valid_cost(value):
+                raise ValueError(
+                    f"cost_model gave sample {index} the cost {value!r}; costs must be finite real numbers > 0"
+                )
+            out.append(float(value))
+        out = tuple(out)
     if not math.isfinite(sum(out)):
         raise ValueError("cost_model's costs add up to infinity; scale the cost model down (e.g. seconds, not FLOPs)")
-    return tuple(out)
+    return out
 
 
 def _finite(value: float) -> bool:

@@ -1,0 +1,99 @@
+"""The NumPy fast paths of the planner (issue 19, point 5) against plain references written here.
+
+Each fast path is forced on (its threshold set to 1) and compared, on random inputs with many ties, with a
+reference that follows the documented rule one item at a time: LPT with capacities (each item, dearest
+first, to the lightest rank with room, ties to the lower rank), worst fit per rank (each sample, longest
+first, to the lightest micro-batch), and the one-rank pipeline simulation.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from megatron_dpsched.core import PipelineLayout, StepTimeModel, balancing, packing, simulate_rank, steptime
+from megatron_dpsched.core.balancing import lpt_assign
+from megatron_dpsched.core.packing import pack_into, pack_ranks
+from megatron_dpsched.core.steptime import rank_makespans
+
+
+def reference_lpt(costs: list[float], weights: list[int], capacity: int, num_ranks: int) -> list[list[int]] | None:
+    """Items by (cost, weight) descending then index; each to the rank with the smallest (load, rank) that has
+    room; loads summed one addition at a time."""
+    loads, used = [0.0] * num_ranks, [0] * num_ranks
+    ranks: list[list[int]] = [[] for _ in range(num_ranks)]
+    for item in sorted(range(len(costs)), key=lambda i: (-costs[i], -weights[i], i)):
+        fitting = [r for r in range(num_ranks) if used[r] + weights[item] <= capacity]
+        if not fitting:
+            return None
+        rank = min(fitting, key=lambda r: (loads[r], r))
+        ranks[rank].append(item)
+        loads[rank] += costs[item]
+        used[rank] += weights[item]
+    return ranks
+
+
+def _lengths(rng: random.Random, count: int) -> list[int]:
+    kind = rng.choice(("few", "equal", "spread"))
+    if kind == "few":
+        return [rng.choice((3, 7, 7, 20, 64)) for _ in range(count)]
+    if kind == "equal":
+        return [11] * count
+    return [rng.randint(1, 300) for _ in range(count)]
+
+
+@pytest.mark.parametrize("batch_run", [1, 3, balancing.BATCH_RUN])
+@pytest.mark.parametrize("seed", range(40))
+def test_lpt_assign_deals_as_the_one_by_one_rule(monkeypatch: pytest.MonkeyPatch, batch_run: int, seed: int) -> None:
+    monkeypatch.setattr(balancing, "BATCH_RUN", batch_run)
+    rng = random.Random(seed)
+    lengths = _lengths(rng, rng.randint(1, 400))
+    num_ranks = rng.randint(1, 12)
+    cost_of = rng.choice((lambda s: float(s), lambda s: s + s * s / 97.0, lambda s: float(s % 5 + 1), lambda s: 0.1))
+    costs = [cost_of(s) for s in lengths]
+    cap = rng.choice((64, 100, 300))
+    weights = [min(s, cap) for s in lengths]
+    total = sum(weights)
+    capacity = cap * rng.randint(max(1, total // (cap * num_ranks)), total // (cap * num_ranks) + 3)
+    expected = reference_lpt(costs, weights, capacity, num_ranks)
+    assert lpt_assign(range(len(lengths)), costs=costs, weights=weights, capacity=capacity,
+                      num_ranks=num_ranks) == expected
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_pack_ranks_packs_each_rank_as_pack_into(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    monkeypatch.setattr(packing, "VECTOR_RANKS", 1)
+    rng = random.Random(seed)
+    cap = rng.choice((50, 128, 500))
+    sizes = [rng.choice((rng.randint(1, cap), rng.randint(1, cap // 3), cap + 7, cap)) if rng.random() < 0.3
+             else rng.randint(1, cap // 4) for _ in range(rng.randint(1, 300))]
+    items = list(range(len(sizes)))
+    rng.shuffle(items)
+    cuts = sorted(rng.randint(0, len(items)) for _ in range(rng.randint(1, 9)))
+    ranks = [items[a:b] for a, b in zip([0, *cuts], [*cuts, len(items)])]
+    count = rng.randint(1, 12)
+    expected = [pack_into(rank, sizes, cap, count) for rank in ranks]
+    assert pack_ranks(ranks, sizes, cap, count) == expected
+
+
+def test_a_rank_whose_worst_fit_overflows_gets_best_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """6, 4, 4, 3, 3 under 10 in two micro-batches: worst fit puts 6+3 and 4+4+3 (11); best fit 6+4 and 4+3+3."""
+    monkeypatch.setattr(packing, "VECTOR_RANKS", 1)
+    sizes = [6, 4, 4, 3, 3]
+    assert packing._worst_fit_ranks([[0, 1, 2, 3, 4], [0]], sizes, 10, 2) == [None, [[0], []]]
+    assert pack_ranks([[0, 1, 2, 3, 4]], sizes, 10, 2) == [[[0, 1], [2, 3, 4]]]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_many_ranks_simulate_as_one_rank_each(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    monkeypatch.setattr(steptime, "VECTOR_RANKS", 1)
+    rng = random.Random(seed)
+    pp, vpp = rng.choice(((1, 1), (2, 1), (4, 1), (2, 2), (4, 2), (3, 3)))
+    group = rng.choice((None, pp + 1)) if vpp > 1 else None
+    layout = PipelineLayout(pp_size=pp, vpp_size=vpp, microbatch_group_size_per_vp_stage=group)
+    count = layout.align(rng.randint(1, 20))
+    model = StepTimeModel(seconds_per_token=1.0, backward_factor=rng.choice((2.0, 1.5)))
+    times = [tuple(rng.choice((0.5, 1.0, rng.random())) for _ in range(count)) for _ in range(rng.randint(1, 9))]
+    expected = [simulate_rank(rank, layout=layout, model=model).makespan for rank in times]
+    assert rank_makespans(times, layout=layout, backward_factor=model.backward_factor) == expected
