@@ -45,8 +45,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_common import DEFAULT_LENGTHS_DIR, length_files  # noqa: E402
-from bench_schedule import heavy_tail  # noqa: E402
-from bench_steptime import WORKLOAD_FLOPS, workload  # noqa: E402
+from bench_steptime import WORKLOAD_FLOPS, synthetic_pools, workload  # noqa: E402
 from peer_sources import REWRITES, STAND_INS, PeerPlanner, PeerRefused, load_peers  # noqa: E402
 
 from megatron_dpsched import build_dp_schedule  # noqa: E402
@@ -232,24 +231,6 @@ def rewrite_report(checks: Sequence[RewriteCheck]) -> list[str]:
 
 
 # --- (b) the comparison on the length sets --------------------------------------------------------------------------
-
-
-def synthetic_pools(seed: int = 1234) -> dict[str, list[int]]:
-    """Synthetic length sets: the heavy tail past the cap (``bench_schedule.heavy_tail``, up to 32k), a log-normal
-    (median 1000), a bimodal (short answers and 3k reasoning traces), rare giants (2% of 3k-4k in short
-    samples) and RL rollouts with giants at the 4096 response limit (12% of samples in the top 8% of it)."""
-    rng = random.Random(seed)
-    clip = lambda x: max(16, min(4096, int(x)))  # noqa: E731
-    return {
-        "synthetic_heavy_tail": heavy_tail(20000, random.Random(seed)),
-        "synthetic_lognormal": [clip(rng.lognormvariate(math.log(1000), 0.8)) for _ in range(20000)],
-        "synthetic_bimodal": [clip(rng.gauss(300, 80) if rng.random() < 0.7 else rng.gauss(3000, 400))
-                              for _ in range(20000)],
-        "synthetic_rare_giants": [clip(rng.uniform(3000, 4096) if rng.random() < 0.02 else
-                                       rng.lognormvariate(math.log(300), 0.6)) for _ in range(20000)],
-        "synthetic_rl_giants": [clip(rng.uniform(3770, 4096) if rng.random() < 0.12 else
-                                     rng.lognormvariate(math.log(800), 0.7)) for _ in range(20000)],
-    }
 
 
 def pools(args: argparse.Namespace) -> dict[str, list[int]]:

@@ -18,8 +18,8 @@ model from the same FLOPs at ``--tflops`` per GPU plus ``--overhead-ms`` per mic
 ``--model workload`` balances and times verl's workload instead: a sample of ``L`` tokens costs
 ``c(L) = 24576 L + L^2`` and a micro-batch's forward takes the ``c`` of its samples plus ``o``, with
 ``o = s * c(2048)`` for each ``s`` of ``--overhead-scales`` (default ``1`` and ``0.1``). Besides the length
-files, a synthetic heavy tail past the cap (:func:`bench_schedule.heavy_tail`: up to 32k tokens) is planned
-unless ``--no-heavy-tail``.
+files, the synthetic sets of :func:`synthetic_pools` are planned (a heavy tail past the cap up to 32k tokens,
+log-normal, bimodal, rare giants, RL rollouts with giants at the limit) unless ``--no-synthetic``.
 
 It prints the summed step times, ``step-time / exhaustive`` summed and per step (worst and median per
 layout, and over the heavy tail alone; targets for the worst step: <= 1.02 at PP=1, <= 1.05 with PP=4,
@@ -320,9 +320,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--overhead-ms", type=float, default=10.0, help="llama3-8b: fixed forward ms per micro-batch")
     parser.add_argument("--overhead-scales", type=float, nargs="+", default=[1.0, 0.1],
                         help="workload: per-micro-batch forward time o = S * c(2048), one run per S")
-    parser.add_argument("--heavy-tail", action=argparse.BooleanOptionalAction, default=True,
-                        help="also plan a synthetic heavy tail past the cap (up to 32k tokens)")
-    parser.add_argument("--datasets", nargs="+", help="only these length sets (file stems or synthetic_heavy_tail)")
+    parser.add_argument("--synthetic", action=argparse.BooleanOptionalAction, default=True,
+                        help="also plan the synthetic sets: a heavy tail past the cap (up to 32k tokens), log-normal, "
+                             "bimodal, rare giants, RL rollouts with giants at the 4096 limit")
+    parser.add_argument("--datasets", nargs="+", help="only these length sets (file stems or synthetic_* names)")
     parser.add_argument("--no-planning-time", dest="planning_time", action="store_false",
                         help="skip the 65,536-sample planning time")
     parser.add_argument("--million", action="store_true",
@@ -333,11 +334,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def synthetic_pools(seed: int = 1234) -> dict[str, list[int]]:
+    """Synthetic length sets: the heavy tail past the cap (``bench_schedule.heavy_tail``, up to 32k), a log-normal
+    (median 1000), a bimodal (short answers and 3k reasoning traces), rare giants (2% of 3k-4k in short
+    samples) and RL rollouts with giants at the 4096 response limit (12% of samples in the top 8% of it)."""
+    rng = random.Random(seed)
+    clip = lambda x: max(16, min(4096, int(x)))  # noqa: E731
+    return {
+        "synthetic_heavy_tail": heavy_tail(20000, random.Random(seed)),
+        "synthetic_lognormal": [clip(rng.lognormvariate(math.log(1000), 0.8)) for _ in range(20000)],
+        "synthetic_bimodal": [clip(rng.gauss(300, 80) if rng.random() < 0.7 else rng.gauss(3000, 400))
+                              for _ in range(20000)],
+        "synthetic_rare_giants": [clip(rng.uniform(3000, 4096) if rng.random() < 0.02 else
+                                       rng.lognormvariate(math.log(300), 0.6)) for _ in range(20000)],
+        "synthetic_rl_giants": [clip(rng.uniform(3770, 4096) if rng.random() < 0.12 else
+                                     rng.lognormvariate(math.log(800), 0.7)) for _ in range(20000)],
+    }
+
+
 def pools(args: argparse.Namespace) -> dict[str, list[int]]:
-    """Length pools by name: the files, then the heavy tail."""
+    """Length pools by name: the files, then (unless ``--no-synthetic``) :func:`synthetic_pools`."""
     out = {name: read_lengths(str(path)) for name, path in length_files(args.lengths_dir).items()}
-    if args.heavy_tail:
-        out[HEAVY_TAIL] = heavy_tail(20000, random.Random(1234))
+    if args.synthetic:
+        out.update(synthetic_pools())
     return {name: pool for name, pool in out.items() if not args.datasets or name in args.datasets}
 
 
