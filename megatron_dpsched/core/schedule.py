@@ -61,8 +61,8 @@ with ``invariant N:``):
    (step 5), or ``align(U * (1 + balance_growth))`` with ``balance_growth``, or ``B`` for a
    tail past the cap; with one it may exceed ``U`` when the simulated step time says more
    micro-batches are faster, but never ``B`` (step 7). The checker verifies the bounds it can
-   derive from the plan alone: ``M``, and ``B`` for plans made with a ``step_time_model`` or
-   without ``balance_growth`` (``U <= B``: no sample is split).
+   derive from the plan alone: ``M``, and ``B`` for plans made with a ``step_time_model`` (a
+   plan without one may be a shipped plan with empty micro-batches of its own).
 5. Samples of one group are in the same step; steps follow the input order; every step but a
    trailing one holds exactly ``global_batch_size`` samples (groups); ``step_num_samples[s]``
    counts the samples of step ``s``; only a trailing partial step can be dropped, and only

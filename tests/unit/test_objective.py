@@ -178,10 +178,8 @@ def test_checker_rejects_a_step_time_plan_with_needless_micro_batches():
     )
     with pytest.raises(ScheduleInvariantError, match="invariant 4: .* more than max"):
         padded.check()
-    plain = dataclasses.replace(padded, config=dataclasses.replace(padded.config, step_time_model=None))
-    with pytest.raises(ScheduleInvariantError, match="invariant 4: .* more than max"):
-        plain.check()  # without balance_growth no count passes B either (U <= B, and a tail's reach stops at B)
-    dataclasses.replace(plain, config=dataclasses.replace(plain.config, balance_growth=1.0)).check()
+    # without a step-time model the checker allows more (balance_growth; a shipped plan's own empty micro-batches)
+    dataclasses.replace(padded, config=dataclasses.replace(padded.config, step_time_model=None)).check()
 
 
 def test_checker_rejects_a_count_below_the_lower_bound():
