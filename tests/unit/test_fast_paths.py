@@ -43,10 +43,13 @@ def _lengths(rng: random.Random, count: int) -> list[int]:
     return [rng.randint(1, 300) for _ in range(count)]
 
 
-@pytest.mark.parametrize("batch_run", [1, 3, balancing.BATCH_RUN])
+@pytest.mark.parametrize(("block_min", "stretch"),
+                         [(1, 1), (1, 3), (balancing.BLOCK_MIN, balancing.STRETCH), (10**9, 7)])
 @pytest.mark.parametrize("seed", range(40))
-def test_lpt_assign_deals_as_the_one_by_one_rule(monkeypatch: pytest.MonkeyPatch, batch_run: int, seed: int) -> None:
-    monkeypatch.setattr(balancing, "BATCH_RUN", batch_run)
+def test_lpt_assign_deals_as_the_one_by_one_rule(monkeypatch: pytest.MonkeyPatch, block_min: int, stretch: int,
+                                                 seed: int) -> None:
+    monkeypatch.setattr(balancing, "BLOCK_MIN", block_min)
+    monkeypatch.setattr(balancing, "STRETCH", stretch)
     rng = random.Random(seed)
     lengths = _lengths(rng, rng.randint(1, 400))
     num_ranks = rng.randint(1, 12)
