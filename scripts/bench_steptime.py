@@ -25,8 +25,8 @@ It prints the summed step times, ``step-time / exhaustive`` summed and per step 
 layout, and over the heavy tail alone; targets for the worst step: <= 1.02 at PP=1, <= 1.05 with PP=4,
 ``--strict``: <= 1.01 and <= 1.03) and the planning time and peak traced memory of 65,536 samples on 512
 ranks (targets: 0.15 CPU s at PP=1 without a step-time model, else 0.5 s; 300 MiB; the wall time is printed
-too), with ``--million`` also of 1,000,000 samples on 1,024 ranks (1.5 s at PP=1, 3 s at PP=4 VPP=2 with the
-step-time model). Misses are printed; the exit status is 0 whenever it ran
+too), with ``--million`` also of 1,000,000 samples on 1,024 ranks drawn from each length set, one line per set
+(1.5 s at PP=1, 3 s at PP=4 VPP=2 with the step-time model). Misses are printed; the exit status is 0 whenever it ran
 (``--check``: 1 on a miss)::
 
     .venv/bin/python scripts/bench_steptime.py --markdown docs/bench_steptime.md   # also write the docs page
@@ -192,8 +192,8 @@ def run_setting(lengths: list[int], *, dataset: str, layout: tuple[int, int], dp
                step_ratios=ratios["step-time"], default_ratios=ratios["default"])
 
 
-PlanningTime = tuple[int, str, float, float, float]
-"""``(samples, label, CPU seconds, wall seconds, peak MiB)`` of one planning-time case."""
+PlanningTime = tuple[int, str, str, float, float, float]
+"""``(samples, length set, label, CPU seconds, wall seconds, peak MiB)`` of one planning-time case."""
 SPEED_TARGETS = {(65536, "PP=1 default"): 0.15, (1_000_000, "PP=1 default"): 1.5,
                  (1_000_000, "PP=4 VPP=2 step-time"): 3.0}
 """CPU seconds the planner should take (issue 19); every other 65,536-sample case: < 0.5 s."""
@@ -201,26 +201,30 @@ MEMORY_TARGET_MIB = 300.0
 """Peak traced memory of one planning run (``tracemalloc``)."""
 
 
-def planning_time(pool: list[int], *, args: argparse.Namespace, repeats: int = 3) -> list[PlanningTime]:
-    """Best-of planning time of 65,536 samples on 512 ranks (one step, cap 16384), per objective and layout, and
-    with ``--million`` of 1,000,000 samples on 1,024 ranks (PP=1 default, PP=4 VPP=2 step-time), each with
+def planning_time(first: tuple[str, list[int]], sets: dict[str, list[int]], *, args: argparse.Namespace,
+                  repeats: int = 3) -> list[PlanningTime]:
+    """Best-of planning time of 65,536 samples on 512 ranks (one step, cap 16384) drawn from the ``first`` length
+    file, per objective and layout, and with ``--million`` of 1,000,000 samples on 1,024 ranks (PP=1 default,
+    PP=4 VPP=2 step-time) drawn from each length set of ``sets``, each with
     the peak memory ``tracemalloc`` traces in one more run (traced runs are slower, so they are not timed).
     The planner runs on one thread, so on an idle machine CPU and wall time agree; on a shared one the CPU
     time is the figure that does not depend on the neighbours' load."""
     timing = timings(args)[0]
     model = timing.model
-    sizes = {65536: (512, [("PP=1 default", 1, 1, None), ("PP=1 step-time", 1, 1, model), ("PP=4 default", 4, 1, None),
-                           ("PP=4 step-time", 4, 1, model), ("PP=4 VPP=2 step-time", 4, 2, model)])}
+    runs = [(65536, 512, *first, [("PP=1 default", 1, 1, None), ("PP=1 step-time", 1, 1, model),
+                                   ("PP=4 default", 4, 1, None), ("PP=4 step-time", 4, 1, model),
+                                   ("PP=4 VPP=2 step-time", 4, 2, model)])]
     if args.million:
-        sizes[1_000_000] = (1024, [("PP=1 default", 1, 1, None), ("PP=4 VPP=2 step-time", 4, 2, model)])
+        runs += [(1_000_000, 1024, name, pool, [("PP=1 default", 1, 1, None), ("PP=4 VPP=2 step-time", 4, 2, model)])
+                 for name, pool in sets.items()]
     out = []
-    for samples, (dp, cases) in sizes.items():
+    for samples, dp, name, pool, cases in runs:
         rng = random.Random(7)
         lengths = [rng.choice(pool) for _ in range(samples)]
         for label, pp, vpp, step_model in cases:
             kwargs = dict(dp_size=dp, global_batch_size=samples, max_tokens_per_gpu=16384, pp_size=pp, vpp_size=vpp,
                           cost_model=timing.cost_model, step_time_model=step_model)
-            out.append((samples, label, *measure_planning(lengths, kwargs, repeats=repeats)))
+            out.append((samples, name, label, *measure_planning(lengths, kwargs, repeats=repeats)))
     return out
 
 
@@ -280,11 +284,12 @@ def summary(rows: list[Row], times: list[PlanningTime], args: argparse.Namespace
             if mine:
                 prefix = f"{label} " if args.model != "llama3-8b" else ""
                 parts.append(prefix + layout_line(mine, pp=pp, vpp=vpp, target=targets(args)[pp]))
-    for samples in dict.fromkeys(t[0] for t in times):
+    for samples, name in dict.fromkeys((t[0], t[1]) for t in times):
         dp = 512 if samples == 65536 else 1024
-        parts.append(f"Planning {samples:,} samples on {dp:,} ranks (cap 16384), best of 3, CPU seconds (wall), "
-                     "peak traced MiB: " + ", ".join(f"{label} {cpu:.3f} s ({wall:.3f} s), {mib:.0f} MiB"
-                                                     for n, label, cpu, wall, mib in times if n == samples)
+        parts.append(f"Planning {samples:,} samples of {name} on {dp:,} ranks (cap 16384), best of 3, CPU seconds "
+                     "(wall), peak traced MiB: " + ", ".join(f"{label} {cpu:.3f} s ({wall:.3f} s), {mib:.0f} MiB"
+                                                            for n, set_, label, cpu, wall, mib in times
+                                                            if (n, set_) == (samples, name))
                      + " (targets: " + ", ".join(f"{label} <= {goal} s" for (n, label), goal in SPEED_TARGETS.items()
                                                  if n == samples)
                      + (", others < 0.5 s" if samples == 65536 else "") + f", <= {MEMORY_TARGET_MIB:.0f} MiB).")
@@ -295,12 +300,13 @@ def misses(rows: list[Row], times: list[PlanningTime], args: argparse.Namespace)
     goal = targets(args)
     out = [f"{r.dataset} PP={r.pp} VPP={r.vpp} dp={r.dp} cap={r.cap} {r.timing}: step-time / exhaustive worst step "
            f"{r.worst_step:.4f} > {goal[r.pp]}" for r in rows if r.worst_step > goal[r.pp]]
-    for samples, label, cpu, _, mib in times:
+    for samples, name, label, cpu, _, mib in times:
         goal = SPEED_TARGETS.get((samples, label), 0.5 if samples == 65536 else math.inf)
         if cpu > goal:
-            out.append(f"planning time {samples:,} samples {label}: {cpu:.3f} CPU s > {goal} s")
+            out.append(f"planning time {samples:,} samples of {name} {label}: {cpu:.3f} CPU s > {goal} s")
         if mib > MEMORY_TARGET_MIB:
-            out.append(f"planning memory {samples:,} samples {label}: {mib:.0f} MiB > {MEMORY_TARGET_MIB:.0f} MiB")
+            out.append(f"planning memory {samples:,} samples of {name} {label}: {mib:.0f} MiB > "
+                       f"{MEMORY_TARGET_MIB:.0f} MiB")
     return out
 
 
@@ -327,7 +333,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-planning-time", dest="planning_time", action="store_false",
                         help="skip the 65,536-sample planning time")
     parser.add_argument("--million", action="store_true",
-                        help="also time 1,000,000 samples on 1,024 ranks (PP=1 default, PP=4 VPP=2 step-time)")
+                        help="also time 1,000,000 samples on 1,024 ranks (PP=1 default, PP=4 VPP=2 step-time), "
+                             "drawn from each length set (the files and the heavy tail, as --datasets selects)")
     parser.add_argument("--strict", action="store_true", help="targets 1.01 (PP=1) and 1.03 (PP=4) per step")
     parser.add_argument("--markdown", type=Path, help="also write the full table here")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed (default: exit 0)")
@@ -373,8 +380,9 @@ def main(argv: list[str] | None = None, *, log: Callable[[str], None] = print) -
                         lengths = [rng.choice(pool) for _ in range(args.samples_per_rank * dp * args.steps)]
                         rows.append(run_setting(lengths, dataset=name, layout=layout, dp=dp, cap=cap, timing=timing,
                                                 args=args))
-    first_file = read_lengths(str(next(iter(length_files(args.lengths_dir).values()))))
-    times = planning_time(first_file, args=args) if args.planning_time else []
+    first_name, first_path = next(iter(length_files(args.lengths_dir).items()))
+    first = (first_name, read_lengths(str(first_path)))
+    times = planning_time(first, pools(args), args=args) if args.planning_time else []
     table, text = markdown(rows), summary(rows, times, args)
     log(table + "\n\n" + text)
     if args.markdown:

@@ -33,10 +33,10 @@ def lpt_assign(
     lower rank. Each item goes to the rank with the smallest ``(load, rank)`` among those with room, a
     rank's load the running sum of its items' costs.
 
-    Runs of at least :data:`BATCH_RUN` items of equal cost and weight (samples of one length) are dealt at
-    once with NumPy (:func:`_deal_run`, the same choices and the same floating-point loads); the other
-    items one by one on a heap (:class:`_Heap`). Integral weights and capacity only (token counts, micro-batch
-    slots); others go one by one throughout.
+    Up to ``num_ranks`` items at a time are dealt with NumPy (:func:`_deal_block`: the next items to the
+    lightest ranks in order, as far as that provably is what the rule does, with the same floating-point
+    loads); when a block deals fewer than :data:`BLOCK_MIN`, the next :data:`STRETCH` items go one by one
+    on a heap (:class:`_Heap`).
     """
     ids = np.fromiter(items, dtype=np.int64) if not isinstance(items, np.ndarray) else items.astype(np.int64)
     if len(ids) == 0:
@@ -45,31 +45,73 @@ def lpt_assign(
     item_weights = np.asarray(weights, dtype=np.float64)[ids]
     order = np.lexsort((ids, -item_weights, -item_costs))
     ids, item_costs, item_weights = ids[order], item_costs[order], item_weights[order]
-    integral = float(capacity).is_integer() and bool(np.all(item_weights == np.floor(item_weights)))
-    changes = np.flatnonzero((item_costs[1:] != item_costs[:-1]) | (item_weights[1:] != item_weights[:-1])) + 1
-    starts = np.concatenate(([0], changes, [len(ids)])).tolist()
-    smallest_left = np.minimum.accumulate(item_weights[::-1])[::-1]
-    owners = np.empty(len(ids), dtype=small_int(num_ranks))
-    heap = _Heap(num_ranks, capacity)
-    for start, stop in zip(starts[:-1], starts[1:]):
-        cost, weight = float(item_costs[start]), float(item_weights[start])
-        if not (integral and stop - start >= BATCH_RUN and _deal_run(heap, owners, start, stop, cost=cost,
-                                                                     weight=weight)):
-            for position in range(start, stop):
-                rank = heap.take(cost, weight, float(smallest_left[position]))
-                if rank is None:
-                    break
-                owners[position] = rank
-        if heap.failed:
-            return None
+    owners = _deal(item_costs, item_weights, capacity=float(capacity), num_ranks=num_ranks)
+    if owners is None:
+        return None
     by_rank = np.argsort(owners, kind="stable")
     flat = ids[by_rank].tolist()
     bounds = np.cumsum(np.bincount(owners, minlength=num_ranks)).tolist()
     return [flat[a:b] for a, b in zip([0, *bounds[:-1]], bounds)]
 
 
-BATCH_RUN = 192
-"""Runs of at least this many items of equal cost and weight are dealt by :func:`_deal_run`."""
+BLOCK_MIN = 32
+"""A block (:func:`_deal_block`) that deals fewer items than this hands the next :data:`STRETCH` to the heap."""
+STRETCH = 256
+"""Items dealt one by one on the heap after a short block."""
+
+
+def _deal(item_costs: np.ndarray, item_weights: np.ndarray, *, capacity: float, num_ranks: int) -> np.ndarray | None:
+    """The rank of each item (in the order given: dearest first), or ``None`` when one fits nowhere."""
+    count = len(item_costs)
+    smallest_left = np.minimum.accumulate(item_weights[::-1])[::-1].tolist()
+    cost_list, weight_list = item_costs.tolist(), item_weights.tolist()
+    owners = np.empty(count, dtype=small_int(num_ranks))
+    loads, used = np.zeros(num_ranks), np.zeros(num_ranks)
+    block_ok = not bool(np.isnan(item_costs).any())
+    position = 0
+    while position < count:
+        dealt = _deal_block(loads, used, owners, item_costs, item_weights, position=position,
+                            capacity=capacity) if block_ok else 0
+        position += dealt
+        if dealt >= BLOCK_MIN or position == count:
+            continue
+        heap = _Heap(loads.tolist(), used.tolist(), capacity)
+        stop = min(count, position + STRETCH)
+        for index in range(position, stop):
+            rank = heap.take(cost_list[index], weight_list[index], smallest_left[index])
+            if rank is None:
+                return None
+            owners[index] = rank
+        loads, used, position = np.array(heap.loads), np.array(heap.used), stop
+    return owners
+
+
+@np.errstate(over="ignore", invalid="ignore")  # as Python floats: inf, no warning
+def _deal_block(loads: np.ndarray, used: np.ndarray, owners: np.ndarray, item_costs: np.ndarray,
+                item_weights: np.ndarray, *, position: int, capacity: float) -> int:
+    """Deal items from ``position`` on, one to each of the lightest ranks in ``(load, rank)`` order, as long as
+    the rule provably picks that rank (in place); returns how many were dealt.
+
+    Item ``i`` of the block goes to the ``i``-th lightest rank ``s_i`` (among ranks with room for the block's
+    lightest item) when ``s_i`` has room for it and every rank dealt earlier in the block is now strictly
+    heavier than ``s_i``: the ranks after ``s_i`` are no lighter and untouched, the others lack room.
+    """
+    weights = item_weights[position:position + len(loads)]
+    fits = np.flatnonzero(used + weights.min() <= capacity)
+    ranks = fits[np.argsort(loads[fits], kind="stable")][:len(weights)]
+    if len(ranks) == 0:
+        return 0
+    weights = weights[:len(ranks)]
+    start = loads[ranks]
+    new = start + item_costs[position:position + len(ranks)]
+    ok = used[ranks] + weights <= capacity
+    ok[1:] &= np.minimum.accumulate(new[:-1]) > start[1:]
+    dealt = len(ranks) if bool(ok.all()) else int(np.argmin(ok))
+    chosen = ranks[:dealt]
+    owners[position:position + dealt] = chosen
+    loads[chosen] = new[:dealt]
+    used[chosen] += weights[:dealt]
+    return dealt
 
 
 class _Heap:
@@ -77,15 +119,10 @@ class _Heap:
     room. A rank too full for the current item is parked until the items get small enough for it again, so
     a pass costs O(n log n) when weights fall with cost."""
 
-    def __init__(self, num_ranks: int, capacity: float) -> None:
+    def __init__(self, loads: list[float], used: list[float], capacity: float) -> None:
         self.capacity = capacity
-        self.loads = [0.0] * num_ranks
-        self.used = [0.0] * num_ranks
-        self.failed = False
-        self.reset()
-
-    def reset(self) -> None:
-        """Rebuild the heap from :attr:`loads` (after :func:`_deal_run` changed them)."""
+        self.loads = loads
+        self.used = used
         self.heap = [(load, rank) for rank, load in enumerate(self.loads)]
         heapq.heapify(self.heap)
         self.parked: list[tuple[float, float, int]] = []  # (-room, load, rank)
@@ -105,71 +142,12 @@ class _Heap:
             if room >= smallest_left:
                 heapq.heappush(parked, (-room, load, rank))
         if not heap:
-            self.failed = True
             return None
         load, rank = heapq.heappop(heap)
         used[rank] += weight
         self.loads[rank] = load = load + cost
         heapq.heappush(heap, (load, rank))
         return rank
-
-
-@np.errstate(over="ignore", invalid="ignore")  # as Python floats: inf and nan, no warning
-def _deal_run(heap: _Heap, owners: np.ndarray, start: int, stop: int, *, cost: float, weight: float) -> bool:
-    """Deal items ``start .. stop - 1`` (equal ``cost`` and ``weight``) as :meth:`_Heap.take` would, one after
-    the other; ``False`` (nothing changed) when the batch does not apply.
-
-    Taking the lightest rank with room again and again merges the ranks' load sequences ``load, load + cost,
-    load + cost + cost, ...`` (as many terms as the rank has room for), so the run's items go to the ``k``
-    smallest ``(load, rank)`` terms in order. Each rank's terms are summed one addition at a time, as the
-    heap does, and only the few terms around the ``k``-th of an estimated level are generated; if a rank's
-    generated terms all got taken (the estimate was short), the run goes item by item instead.
-    """
-    count = stop - start
-    loads, used = np.array(heap.loads), np.array(heap.used)
-    slots = np.maximum(np.floor_divide(heap.capacity - used, weight), 0).astype(np.int64)
-    if int(np.minimum(slots, count).sum()) < count:
-        heap.failed = True  # some item of the run fits nowhere
-        return True
-    terms = np.minimum(slots, _terms_below(_level(loads, slots, count, cost), loads, slots, cost) + 2)
-    width = int(terms.max())
-    if width * len(loads) > 4 * count + 8 * len(loads) + 4096:
-        return False
-    grid = np.full((len(loads), width + 1), cost)
-    grid[:, 0] = loads
-    np.add.accumulate(grid, axis=1, out=grid)
-    mask = np.arange(width)[None, :] < terms[:, None]
-    rank_of = np.broadcast_to(np.arange(len(loads))[:, None], mask.shape)[mask]
-    chosen = rank_of[np.lexsort((rank_of, grid[:, :width][mask]))[:count]]
-    taken = np.bincount(chosen, minlength=len(loads))
-    if bool(np.any((taken == terms) & (terms < slots))):
-        return False
-    owners[start:stop] = chosen
-    heap.loads = grid[np.arange(len(loads)), taken].tolist()
-    heap.used = (used + taken * weight).tolist()
-    heap.reset()
-    return True
-
-
-def _terms_below(level: float, loads: np.ndarray, slots: np.ndarray, cost: float) -> np.ndarray:
-    """Per rank, about how many of its terms ``load + t * cost`` are at most ``level`` (within its slots)."""
-    below = np.floor((level - loads) / cost) + 1
-    return np.clip(below, 0, slots).astype(np.int64)
-
-
-def _level(loads: np.ndarray, slots: np.ndarray, count: int, cost: float) -> float:
-    """A level at which about ``count`` terms are at most it (bisection, to within one term per rank)."""
-    low, high = float(loads.min()) - cost, float(loads.max()) + count * cost
-    for _ in range(64):
-        middle = 0.5 * (low + high)
-        below = int(_terms_below(middle, loads, slots, cost).sum())
-        if below < count:
-            low = middle
-        elif below > count + len(loads) and middle != high:
-            high = middle
-        else:
-            return middle
-    return high
 
 
 def assign_bins(

@@ -161,7 +161,10 @@ class StepTimer:
         model = self.config.step_time_model
         assert model is not None
         a, b = model.seconds_per_token, model.seconds_per_token_pair
-        return [a * size + b * size * size for size in self.sizes]
+        if self._planned is None:
+            return [a * size + b * size * size for size in self.sizes]
+        with np.errstate(over="ignore", invalid="ignore"):  # as Python floats: inf and nan, no warning
+            return (a * self._planned + b * self._planned * self._planned).tolist()  # elementwise, as Python
 
     @np.errstate(over="ignore", invalid="ignore")  # as Python floats: inf and nan, no warning
     def _batch_times(self, ranks: list[RankPlan]) -> list[list[float]]:
@@ -186,9 +189,7 @@ class StepTimer:
 
     def _makespans(self, ordered: list[RankPlan]) -> list[float]:
         """Each rank's simulated makespan, its micro-batches run in the given order."""
-        model = self.config.step_time_model
-        assert model is not None
-        return self._spans([tuple(self._forward_time(mb) for mb in rank) for rank in ordered])
+        return self._spans([tuple(times) for times in self._batch_times(ordered)])
 
     def _spans(self, times: list[tuple[float, ...]]) -> list[float]:
         """Each rank's simulated makespan from its micro-batches' forward times in run order."""

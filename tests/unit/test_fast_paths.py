@@ -12,8 +12,9 @@ import random
 
 import pytest
 
-from megatron_dpsched.core import PipelineLayout, StepTimeModel, balancing, packing, simulate_rank, steptime
+from megatron_dpsched.core import PipelineLayout, StepTimeModel, balancing, objective, packing, simulate_rank, steptime
 from megatron_dpsched.core.balancing import lpt_assign
+from megatron_dpsched.core.config import ScheduleConfig
 from megatron_dpsched.core.packing import pack_into, pack_ranks
 from megatron_dpsched.core.steptime import rank_makespans
 
@@ -43,10 +44,13 @@ def _lengths(rng: random.Random, count: int) -> list[int]:
     return [rng.randint(1, 300) for _ in range(count)]
 
 
-@pytest.mark.parametrize("batch_run", [1, 3, balancing.BATCH_RUN])
+@pytest.mark.parametrize(("block_min", "stretch"),
+                         [(1, 1), (1, 3), (balancing.BLOCK_MIN, balancing.STRETCH), (10**9, 7)])
 @pytest.mark.parametrize("seed", range(40))
-def test_lpt_assign_deals_as_the_one_by_one_rule(monkeypatch: pytest.MonkeyPatch, batch_run: int, seed: int) -> None:
-    monkeypatch.setattr(balancing, "BATCH_RUN", batch_run)
+def test_lpt_assign_deals_as_the_one_by_one_rule(monkeypatch: pytest.MonkeyPatch, block_min: int, stretch: int,
+                                                 seed: int) -> None:
+    monkeypatch.setattr(balancing, "BLOCK_MIN", block_min)
+    monkeypatch.setattr(balancing, "STRETCH", stretch)
     rng = random.Random(seed)
     lengths = _lengths(rng, rng.randint(1, 400))
     num_ranks = rng.randint(1, 12)
@@ -97,3 +101,28 @@ def test_many_ranks_simulate_as_one_rank_each(monkeypatch: pytest.MonkeyPatch, s
     times = [tuple(rng.choice((0.5, 1.0, rng.random())) for _ in range(count)) for _ in range(rng.randint(1, 9))]
     expected = [simulate_rank(rank, layout=layout, model=model).makespan for rank in times]
     assert rank_makespans(times, layout=layout, backward_factor=model.backward_factor) == expected
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_step_timer_times_as_python_sums(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    """The timer's makespans (forward times of all ranks in one NumPy pass) and per-sample times (elementwise)
+    against forward times summed here in Python, one micro-batch at a time, and the one-rank simulator."""
+    monkeypatch.setattr(objective, "VECTOR_RANKS", 1)
+    rng = random.Random(seed)
+    sizes = [rng.choice((1, 7, 300, 2048, rng.randint(1, 4096))) for _ in range(rng.randint(8, 200))]
+    model = StepTimeModel(seconds_per_token=rng.choice((1e-9, 24576e-12, 0.3)), seconds_per_token_pair=1e-12,
+                          seconds_per_microbatch=rng.choice((0.0, 4.3e-3)))
+    config = ScheduleConfig(dp_size=1, global_batch_size=len(sizes), max_tokens_per_gpu=4096, pp_size=2,
+                            step_time_model=model)
+    timer = objective.StepTimer(sizes=sizes, costs=[float(s) for s in sizes], config=config)
+    count = rng.randint(1, 6)
+    plan = [[list(range(r, len(sizes), 3))[m::count] for m in range(count)] for r in range(3)]
+
+    def forward(mb: list[int]) -> float:
+        tokens, pairs = (sum(sizes[i] for i in mb), sum(sizes[i] ** 2 for i in mb)) if mb else (1, 1)
+        return model.seconds_per_token * tokens + model.seconds_per_token_pair * pairs + model.seconds_per_microbatch
+
+    expected = [simulate_rank(tuple(forward(mb) for mb in rank), layout=config.layout, model=model).makespan
+                for rank in plan]
+    assert timer.makespans(plan) == expected
+    assert timer.sample_times() == [model.seconds_per_token * s + model.seconds_per_token_pair * s * s for s in sizes]
