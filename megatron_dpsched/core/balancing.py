@@ -38,12 +38,15 @@ def lpt_assign(
     loads); when a block deals fewer than :data:`BLOCK_MIN`, the next :data:`STRETCH` items go one by one
     on a heap (:class:`_Heap`).
     """
-    ids = np.fromiter(items, dtype=np.int64) if not isinstance(items, np.ndarray) else items.astype(np.int64)
+    if isinstance(items, range):
+        ids = np.arange(items.start, items.stop, items.step, dtype=np.int64)
+    else:
+        ids = np.fromiter(items, dtype=np.int64) if not isinstance(items, np.ndarray) else items.astype(np.int64)
     if len(ids) == 0:
         return [[] for _ in range(num_ranks)]
     item_costs = np.asarray(costs, dtype=np.float64)[ids]
     item_weights = np.asarray(weights, dtype=np.float64)[ids]
-    order = np.lexsort((ids, -item_weights, -item_costs))
+    order = dearest_first(ids, item_costs, item_weights)
     ids, item_costs, item_weights = ids[order], item_costs[order], item_weights[order]
     owners = _deal(item_costs, item_weights, capacity=float(capacity), num_ranks=num_ranks)
     if owners is None:
@@ -52,6 +55,27 @@ def lpt_assign(
     flat = ids[by_rank].tolist()
     bounds = np.cumsum(np.bincount(owners, minlength=num_ranks)).tolist()
     return [flat[a:b] for a, b in zip([0, *bounds[:-1]], bounds)]
+
+
+def dearest_first(ids: np.ndarray, item_costs: np.ndarray, item_weights: np.ndarray) -> np.ndarray:
+    """``np.lexsort((ids, -item_weights, -item_costs))``: by cost descending, then weight descending, then id.
+
+    When ``ids`` ascend, equal costs have equal weights and there are at most 65,536 distinct costs (costs per
+    distinct length), it is a stable radix sort of each item's dense rank among the distinct costs, descending."""
+    count = len(ids)
+    if count < 2 or not bool((ids[1:] > ids[:-1]).all()):
+        return np.lexsort((ids, -item_weights, -item_costs))
+    ascending = np.argsort(item_costs)
+    sorted_costs = item_costs[ascending]
+    new = sorted_costs[1:] != sorted_costs[:-1]  # NaN: never equal, so no shortcut below
+    distinct = int(np.count_nonzero(new)) + 1
+    sorted_weights = item_weights[ascending]
+    if distinct > 2**16 or bool(np.isnan(sorted_costs[-1])) or bool(
+            (sorted_weights[1:] != sorted_weights[:-1])[~new].any()):
+        return np.lexsort((ids, -item_weights, -item_costs))
+    rank = np.empty(count, dtype=np.uint16)
+    rank[ascending] = distinct - 1 - np.concatenate(([0], np.cumsum(new))).astype(np.uint16)
+    return np.argsort(rank, kind="stable")
 
 
 BLOCK_MIN = 32
@@ -63,8 +87,7 @@ STRETCH = 256
 def _deal(item_costs: np.ndarray, item_weights: np.ndarray, *, capacity: float, num_ranks: int) -> np.ndarray | None:
     """The rank of each item (in the order given: dearest first), or ``None`` when one fits nowhere."""
     count = len(item_costs)
-    smallest_left = np.minimum.accumulate(item_weights[::-1])[::-1].tolist()
-    cost_list, weight_list = item_costs.tolist(), item_weights.tolist()
+    smallest_left = np.minimum.accumulate(item_weights[::-1])[::-1]
     owners = np.empty(count, dtype=small_int(num_ranks))
     loads, used = np.zeros(num_ranks), np.zeros(num_ranks)
     block_ok = not bool(np.isnan(item_costs).any())
@@ -77,8 +100,10 @@ def _deal(item_costs: np.ndarray, item_weights: np.ndarray, *, capacity: float, 
             continue
         heap = _Heap(loads.tolist(), used.tolist(), capacity)
         stop = min(count, position + STRETCH)
-        for index in range(position, stop):
-            rank = heap.take(cost_list[index], weight_list[index], smallest_left[index])
+        stretch = zip(item_costs[position:stop].tolist(), item_weights[position:stop].tolist(),
+                      smallest_left[position:stop].tolist())
+        for index, (cost, weight, smallest) in enumerate(stretch, start=position):
+            rank = heap.take(cost, weight, smallest)
             if rank is None:
                 return None
             owners[index] = rank

@@ -358,7 +358,7 @@ def sample_costs(
         array = np.fromiter(lengths, dtype=np.int64, count=len(lengths))
     except OverflowError:
         return _sample_costs_one_by_one(lengths, cost_model)
-    distinct, first, inverse = np.unique(array, return_index=True, return_inverse=True)
+    distinct, first, inverse = distinct_values(array)
     values: list[object] = [None] * len(distinct)
     for j in np.argsort(first).tolist():
         values[j] = cost_model(int(distinct[j]))
@@ -366,6 +366,24 @@ def sample_costs(
         return _sample_costs_one_by_one(lengths, cost_model)  # the error names the first bad sample
     return require_costs(np.array([float(value) for value in values])[inverse].tolist(), len(lengths),
                          checked=True)
+
+
+def distinct_values(array: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``np.unique(array, return_index=True, return_inverse=True)`` of an int64 array; without a sort when its
+    values span at most ``4 * len(array) + 65536`` integers (a table of the values present)."""
+    if len(array) == 0:
+        return np.unique(array, return_index=True, return_inverse=True)
+    low, high = int(array.min()), int(array.max())
+    if high - low > 4 * len(array) + 65536:
+        return np.unique(array, return_index=True, return_inverse=True)
+    shifted = array - low
+    present = np.zeros(high - low + 1, dtype=bool)
+    present[shifted] = True
+    inverse = (np.cumsum(present) - 1)[shifted]
+    distinct = np.flatnonzero(present) + low
+    first = np.full(len(distinct), len(array), dtype=np.int64)
+    np.minimum.at(first, inverse, np.arange(len(array), dtype=np.int64))
+    return distinct, first, inverse
 
 
 def _sample_costs_one_by_one(lengths: Sequence[int], cost_model: CostFunction) -> tuple[float, ...]:

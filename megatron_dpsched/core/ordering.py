@@ -44,8 +44,8 @@ def order_micro_batches(
     """Return the micro-batches in run order (``"none"`` or one of :data:`PIPELINE_ORDERS`); each
     micro-batch's samples in index order."""
     if order == "none":  # by first sample (distinct), empty ones last
-        batches = [sorted(mb) for mb in micro_batches]
-        return sorted((mb for mb in batches if mb), key=itemgetter(0)) + [mb for mb in batches if not mb]
+        batches = list(map(sorted, micro_batches))
+        return sorted(filter(None, batches), key=itemgetter(0)) + [mb for mb in batches if not mb]
     batches, arranged = arrangements(micro_batches, costs, (order,))
     return [batches[b] for b in arranged[0]]
 

@@ -335,11 +335,11 @@ def assemble_schedule(
     partitions: list[list[int]] = [[] for _ in range(config.dp_size)]
     micro_batch_indices: list[list[tuple[int, ...]]] = [[] for _ in range(config.dp_size)]
     for step_plan in plans:
-        for rank, micro_batches in enumerate(step_plan):
+        for micro_batches, partition, indices in zip(step_plan, partitions, micro_batch_indices, strict=True):
             for mb in micro_batches:
-                start = len(partitions[rank])
-                partitions[rank].extend(mb)
-                micro_batch_indices[rank].append(tuple(range(start, start + len(mb))))
+                start = len(partition)
+                partition.extend(mb)
+                indices.append(tuple(range(start, len(partition))))
     return DPSchedule(
         config=config,
         lengths=tuple(lengths),

@@ -8,13 +8,16 @@ first, to the lightest micro-batch), and the one-rank pipeline simulation.
 
 from __future__ import annotations
 
+import math
 import random
 
+import numpy as np
 import pytest
 
 from megatron_dpsched.core import PipelineLayout, StepTimeModel, balancing, objective, packing, simulate_rank, steptime
 from megatron_dpsched.core.balancing import lpt_assign
 from megatron_dpsched.core.config import ScheduleConfig
+from megatron_dpsched.core.cost import distinct_values
 from megatron_dpsched.core.packing import pack_into, pack_ranks
 from megatron_dpsched.core.steptime import rank_makespans
 
@@ -126,3 +129,36 @@ def test_step_timer_times_as_python_sums(monkeypatch: pytest.MonkeyPatch, seed: 
                 for rank in plan]
     assert timer.makespans(plan) == expected
     assert timer.sample_times() == [model.seconds_per_token * s + model.seconds_per_token_pair * s * s for s in sizes]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_dearest_first_sorts_by_cost_weight_and_id(seed: int) -> None:
+    """The radix sort of dense cost ranks (and its fallback to a three-key sort) against Python's ``sorted``."""
+    rng = random.Random(seed)
+    count = rng.randint(1, 300)
+    pool = rng.choice(([1.0, 2.5, 7.0], [0.0, -0.0, 3.0, math.inf], [rng.random() for _ in range(50)]))
+    costs = [rng.choice(pool) for _ in range(count)]
+    same_weight = rng.random() < 0.5  # equal costs, equal weights: the radix path; else the fallback
+    weights = [float(int(c * 3) % 4) if same_weight and math.isfinite(c) else float(rng.randint(1, 3))
+               for c in costs]
+    ids = sorted(rng.sample(range(10 * count), count))
+    if rng.random() < 0.25:
+        rng.shuffle(ids)  # not ascending: the fallback
+    order = balancing.dearest_first(np.array(ids, dtype=np.int64), np.array(costs), np.array(weights)).tolist()
+    assert order == sorted(range(count), key=lambda k: (-costs[k], -weights[k], ids[k]))
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_distinct_values_as_a_dictionary_of_first_appearances(seed: int) -> None:
+    rng = random.Random(seed)
+    low = rng.choice((-50, 0, 1, 10**12))
+    spread = rng.choice((1, 5, 3000, 10**9))  # 10**9: wider than the table, np.unique's sort
+    values = [low + rng.randint(0, spread) for _ in range(rng.randint(0, 500))]
+    distinct, first, inverse = distinct_values(np.array(values, dtype=np.int64))
+    firsts: dict[int, int] = {}
+    for index, value in enumerate(values):
+        firsts.setdefault(value, index)
+    expected = sorted(firsts)
+    assert distinct.tolist() == expected
+    assert first.tolist() == [firsts[v] for v in expected]
+    assert [expected[j] for j in inverse.tolist()] == values
