@@ -176,16 +176,20 @@ def worst_fit_decreasing(
 
 
 def split_to_count(
-    bins: list[list[int]], sizes: Sequence[int], num_bins: int, *, padded_rows: bool = False
+    bins: list[list[int]], sizes: Sequence[int], num_bins: int, *, padded_rows: bool = False,
+    loads: Sequence[int] | None = None,
 ) -> list[list[int]]:
     """Split the fullest multi-sample bins in two until there are ``num_bins``; pad with empty bins.
 
-    Fullest by collated size; with ``padded_rows`` a bin splits into its longer and its shorter
-    samples (less padding), else into two of near-equal tokens. Parts never exceed the whole.
+    Fullest by collated size (``loads``: the bins' collated sizes when the caller has them); with
+    ``padded_rows`` a bin splits into its longer and its shorter samples (less padding), else into two
+    of near-equal tokens. Parts never exceed the whole.
     """
     assert len(bins) <= num_bins, (len(bins), num_bins)
     out = [list(b) for b in bins]
-    heap = [(-collated_size(b, sizes, padded_rows=padded_rows), i) for i, b in enumerate(out) if len(b) > 1]
+    if loads is None:
+        loads = [collated_size(b, sizes, padded_rows=padded_rows) for b in out]
+    heap = [(-load, i) for i, (b, load) in enumerate(zip(out, loads, strict=True)) if len(b) > 1]
     heapq.heapify(heap)
     halve = _split_rows if padded_rows else _halve
     while len(out) < num_bins and heap:
@@ -226,13 +230,21 @@ def pack_ranks(
     ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int, num_bins: int, *, padded_rows: bool = False
 ) -> list[list[list[int]] | None]:
     """:func:`pack_into` of every rank's items (the same micro-batches); the worst-fit pass runs on all ranks at
-    once with NumPy when there are at least :data:`VECTOR_RANKS` ranks (:func:`_worst_fit_ranks`)."""
+    once with NumPy when there are at least :data:`VECTOR_RANKS` ranks (:func:`_worst_fit_ranks`), then the
+    best-fit pass on all ranks where worst fit overflowed (:func:`_best_fit_ranks`)."""
     total, width = sum(len(items) for items in ranks), max((len(items) for items in ranks), default=0)
     if padded_rows or len(ranks) < VECTOR_RANKS or width * len(ranks) > 4 * total + 65536:
         return [pack_into(items, sizes, cap, num_bins, padded_rows=padded_rows) for items in ranks]
-    packed = _worst_fit_ranks(ranks, sizes, cap, num_bins)
-    return [bins if bins is not None else pack_into(items, sizes, cap, num_bins)
-            for items, bins in zip(ranks, packed)]
+    layout = _rank_grid(ranks, sizes)
+    packed = _worst_fit_ranks(ranks, sizes, cap, num_bins, layout=layout)
+    overflowed = [r for r, bins in enumerate(packed) if bins is None]  # pack_into's worst fit fails there too
+    if not overflowed:
+        return packed
+    subset = _grid_subset(layout, np.array([bins is None for bins in packed], dtype=bool))
+    refits = _best_fit_ranks([ranks[r] for r in overflowed], sizes, cap, layout=subset)
+    for r, (bins, loads) in zip(overflowed, refits, strict=True):
+        packed[r] = None if len(bins) > num_bins else split_to_count(bins, sizes, num_bins, loads=loads)
+    return packed
 
 
 VECTOR_RANKS = 16
@@ -240,23 +252,13 @@ VECTOR_RANKS = 16
 
 
 def _worst_fit_ranks(
-    ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int, num_bins: int
+    ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int, num_bins: int, *, layout: Grid | None = None
 ) -> list[list[list[int]] | None]:
     """:func:`worst_fit_decreasing` of every rank, ``None`` for a rank whose pass overflows: step ``t`` hands
     every rank its ``t``-th longest item (ties in the rank's order), each to its lightest micro-batch (the
-    first of equals), so the choices are the heap's."""
-    counts = np.array([len(items) for items in ranks], dtype=np.int64)
-    flat_items = np.fromiter(chain.from_iterable(ranks), dtype=np.int64, count=int(counts.sum()))
-    owner = np.repeat(np.arange(len(ranks)), counts)
-    item_sizes = np.asarray(sizes, dtype=np.int64)[flat_items]
-    longest = int(item_sizes.max(initial=0))
-    order = np.argsort(owner * (longest + 1) + (longest - item_sizes), kind="stable")  # by rank, then longest
-    flat_items, item_sizes = flat_items[order], item_sizes[order]
-    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
-    column = np.arange(len(flat_items)) - np.repeat(starts, counts)
-    width = int(counts.max())
-    grid = np.zeros((width, len(ranks)), dtype=np.int64)  # step t: every rank's t-th item (0: none)
-    grid[column, owner] = item_sizes
+    first of equals), so the choices are the heap's (``layout``: :func:`_rank_grid` of the ranks, if known)."""
+    flat_items, item_sizes, owner, column, grid = layout or _rank_grid(ranks, sizes)
+    width = grid.shape[0]
     loads = np.zeros(len(ranks) * num_bins, dtype=np.int64)  # rank r's micro-batch b at r * num_bins + b
     failed = np.zeros(len(ranks), dtype=bool)
     chosen = np.zeros((width, len(ranks)), dtype=np.int64)
@@ -274,12 +276,89 @@ def _worst_fit_ranks(
             failed |= load > cap
         loads[at] = load
         chosen[t] = at
+    if failed.all():
+        return [None] * len(ranks)
     chosen -= offsets
-    key = (owner * num_bins + chosen[column, owner]).astype(small_int(len(ranks) * num_bins))
-    members = flat_items[np.argsort(key, kind="stable")].tolist()
-    bounds = np.cumsum(np.bincount(key, minlength=len(ranks) * num_bins)).tolist()
-    bins = [members[a:b] for a, b in zip([0, *bounds[:-1]], bounds)]
+    keep = ~failed[owner]  # a failed rank's bins are never read
+    bins = _gather_bins(flat_items[keep], (owner * num_bins + chosen[column, owner])[keep], len(ranks) * num_bins)
     return [None if failed[r] else bins[r * num_bins : (r + 1) * num_bins] for r in range(len(ranks))]
+
+
+Grid = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+""":func:`_rank_grid`'s items, sizes, owning ranks, positions in their rank and step grid."""
+
+
+def _rank_grid(ranks: Sequence[Sequence[int]], sizes: Sequence[int]) -> Grid:
+    """All ranks' items by rank, then longest first (ties in the rank's order), with their sizes, ranks and
+    positions in their rank, and the grid whose row ``t`` holds every rank's ``t``-th size (0: none)."""
+    counts = np.array([len(items) for items in ranks], dtype=np.int64)
+    flat_items = np.fromiter(chain.from_iterable(ranks), dtype=np.int64, count=int(counts.sum()))
+    owner = np.repeat(np.arange(len(ranks)), counts)
+    item_sizes = np.asarray(sizes, dtype=np.int64)[flat_items]
+    longest = int(item_sizes.max(initial=0))
+    order = np.argsort(owner * (longest + 1) + (longest - item_sizes), kind="stable")  # by rank, then longest
+    flat_items, item_sizes = flat_items[order], item_sizes[order]
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    column = np.arange(len(flat_items)) - np.repeat(starts, counts)
+    grid = np.zeros((int(counts.max(initial=0)), len(ranks)), dtype=np.int64)
+    grid[column, owner] = item_sizes
+    return flat_items, item_sizes, owner, column, grid
+
+
+def _grid_subset(layout: Grid, chosen: np.ndarray) -> Grid:
+    """The :func:`_rank_grid` of the ranks where ``chosen`` is true, in order, from that of all ranks."""
+    flat_items, item_sizes, owner, column, grid = layout
+    keep = chosen[owner]
+    renumber = np.cumsum(chosen) - 1
+    width = int(column[keep].max(initial=-1)) + 1
+    return flat_items[keep], item_sizes[keep], renumber[owner[keep]], column[keep], grid[:width, chosen]
+
+
+def _gather_bins(flat_items: np.ndarray, key: np.ndarray, count: int) -> list[list[int]]:
+    """The items of each of ``count`` bins (``key``: each item's bin), in ``flat_items``' order."""
+    key = key.astype(small_int(count))
+    members = flat_items[np.argsort(key, kind="stable")].tolist()
+    bounds = np.cumsum(np.bincount(key, minlength=count)).tolist()
+    return [members[a:b] for a, b in zip([0, *bounds[:-1]], bounds)]
+
+
+def _best_fit_ranks(
+    ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int, *, layout: Grid | None = None
+) -> list[tuple[list[list[int]], list[int]]]:
+    """:func:`best_fit_decreasing` of every rank, with its bins' token loads; all ranks at once with NumPy
+    from :data:`VECTOR_RANKS` ranks: step ``t`` puts every rank's ``t``-th longest item in its open bin of
+    least room that fits it (the first of equals), else a new bin, so the choices are the sorted list's
+    (``layout``: :func:`_rank_grid` of the ranks, if known)."""
+    if len(ranks) < VECTOR_RANKS:
+        return [(bins, [sum(sizes[i] for i in b) for b in bins])
+                for bins in (best_fit_decreasing(items, sizes, cap) for items in ranks)]
+    flat_items, item_sizes, owner, column, grid = layout or _rank_grid(ranks, sizes)
+    rows, counts = np.arange(len(ranks)), np.bincount(owner, minlength=len(ranks))
+    kind = small_int(cap + 2)  # sizes over the cap count as cap + 1: they only ever open a bin
+    room = np.full((len(ranks), 16), -1, dtype=kind)  # a bin's room; -1: full, oversize or not opened
+    opened, chosen, widest = np.zeros(len(ranks), dtype=np.int64), np.zeros(grid.shape, dtype=np.int64), 0
+    for t, size in enumerate(np.minimum(grid, cap + 1).astype(kind)):
+        live = room[:, :widest]
+        fitting = np.where(live >= size[:, None], live, cap + 1)  # least room that fits: cap + 1 if none
+        at = fitting.argmin(axis=1) if widest else opened
+        best = fitting[rows, at] if widest else np.full(len(ranks), cap + 1)
+        found = (best <= cap) & (size < cap)
+        has = counts > t
+        new = has & ~found
+        at = np.where(new, opened, at)
+        opened += new
+        widest = int(opened.max())
+        if widest > room.shape[1]:
+            room = np.concatenate((room, np.full_like(room, -1)), axis=1)
+        left = np.where(found, best - size, cap - size)
+        left[(left == 0) | (size >= cap)] = -1
+        room[rows, at] = left  # a rank past its last item has no use for its rooms
+        chosen[t] = at
+    key = owner * widest + chosen[column, owner]
+    bins = _gather_bins(flat_items, key, len(ranks) * widest)
+    loads = np.bincount(key, weights=item_sizes, minlength=len(ranks) * widest).astype(np.int64).tolist()
+    return [(bins[r * widest : r * widest + n], loads[r * widest : r * widest + n])
+            for r, n in enumerate(opened.tolist())]
 
 
 def small_int(count: int) -> type:

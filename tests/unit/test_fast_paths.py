@@ -162,3 +162,58 @@ def test_distinct_values_as_a_dictionary_of_first_appearances(seed: int) -> None
     assert distinct.tolist() == expected
     assert first.tolist() == [firsts[v] for v in expected]
     assert [expected[j] for j in inverse.tolist()] == values
+
+
+def reference_best_fit(items: list[int], sizes: list[int], cap: int) -> list[list[int]]:
+    """Best-fit decreasing as a sorted list of (room, bin id): the smallest room that fits, else a new bin
+    (a copy of packing.best_fit_decreasing before the NumPy pass over all ranks)."""
+    from bisect import bisect_left, insort
+    bins: list[list[int]] = []
+    open_bins: list[tuple[int, int]] = []
+    for item in sorted(items, key=lambda i: -sizes[i]):
+        size = sizes[item]
+        if size >= cap:
+            bins.append([item])
+            continue
+        pos = bisect_left(open_bins, (size, -1))
+        if pos == len(open_bins):
+            bins.append([item])
+            insort(open_bins, (cap - size, len(bins) - 1))
+            continue
+        residual, bin_id = open_bins.pop(pos)
+        bins[bin_id].append(item)
+        if residual > size:
+            insort(open_bins, (residual - size, bin_id))
+    return bins
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_best_fit_of_all_ranks_as_the_sorted_list(seed: int) -> None:
+    rng = random.Random(seed)
+    cap = rng.choice((50, 128, 500))
+    sizes = [rng.choice((rng.randint(0, cap), cap // 2, cap // 4, cap + 7, cap, cap - 1)) if rng.random() < 0.4
+             else rng.randint(1, cap // 3) for _ in range(rng.randint(1, 600))]
+    items = list(range(len(sizes)))
+    rng.shuffle(items)
+    cuts = sorted(rng.randint(0, len(items)) for _ in range(rng.randint(packing.VECTOR_RANKS - 1, 40)))
+    ranks = [items[a:b] for a, b in zip([0, *cuts], [*cuts, len(items)])]
+    got = packing._best_fit_ranks(ranks, sizes, cap)
+    assert [bins for bins, _ in got] == [reference_best_fit(rank, sizes, cap) for rank in ranks]
+    assert [loads for _, loads in got] == [[sum(sizes[i] for i in b) for b in bins] for bins, _ in got]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_pack_ranks_of_overflowing_ranks_as_pack_into(seed: int) -> None:
+    """Ranks of nearly full micro-batches: worst fit overflows on some, which then get best fit and splits."""
+    rng = random.Random(seed)
+    cap, count = 1000, rng.randint(3, 8)
+    sizes: list[int] = []
+    ranks: list[list[int]] = []
+    for _ in range(rng.randint(packing.VECTOR_RANKS, 24)):
+        rank = [rng.randint(230, 250) if rng.random() < 0.12 else rng.randint(5, 60) for _ in range(4 * count)]
+        while sum(rank) < count * cap - rng.randint(0, 30):
+            rank.append(rng.randint(5, 60))
+        ranks.append(list(range(len(sizes), len(sizes) + len(rank))))
+        sizes.extend(rank)
+    assert pack_ranks(ranks, sizes, cap, count) == [pack_into(rank, sizes, cap, count) for rank in ranks]
+    assert any(bins is None for bins in packing._worst_fit_ranks(ranks, sizes, cap, count))
