@@ -89,9 +89,13 @@ busiest rank costs more than this share above ``max(mean rank cost, dearest samp
 busiest rank can cost: the token cap kept step 5 from balancing (a sample past the cap fills one
 micro-batch of a rank's capacity in step 3 however much it costs), and lock-stepped ranks all wait for
 the busiest."""
+COST_EQUAL_SAMPLES = 16384
+""":func:`cost_equal` repacks the slowest ranks until it has repacked this many samples (at least
+:data:`COST_EQUAL_RANKS` ranks): with many near-equal ranks each repacked rank lowers the step only to the next
+one's time, so the step gains only when every rank above the new step time is repacked (DP 512 with 32
+samples per rank: all of them); a bound on the planning time where ranks hold many samples."""
 COST_EQUAL_RANKS = 16
-""":func:`cost_equal` repacks at most this many of the slowest ranks (with many near-equal ranks, each
-repacked rank lowers the step only to the next one's time; a bound on the planning time)."""
+"""The fewest ranks :func:`cost_equal` may repack, however many samples they hold."""
 MAX_TAIL_COUNTS = 12
 """At most this many fresh plans above the default's count are timed per step (:func:`_tail_counts`)."""
 
@@ -375,18 +379,20 @@ def cost_equal(chosen: Candidate, timer: StepTimer) -> Candidate:
     from the slowest, packed at the same count by :func:`~megatron_dpsched.core.kk.differencing_pack` on the
     samples' forward times where that runs the rank faster by more than :data:`ORDER_MARGIN` (each rank in
     its fastest order, :meth:`StepTimer.candidate`); the result only when its step is faster than
-    ``chosen``'s by more than that margin, else ``chosen``. At most :data:`COST_EQUAL_RANKS` ranks are
-    repacked (the step is then the slowest of them and the ranks left as they were). With one stage a rank's
+    ``chosen``'s by more than that margin, else ``chosen``. Ranks are repacked until
+    :data:`COST_EQUAL_SAMPLES` samples are (at least :data:`COST_EQUAL_RANKS` ranks; the step is then the slowest
+    of them and the ranks left as they were). With one stage a rank's
     time is the sum of its micro-batches', which no packing of the same samples changes."""
     config = timer.config
     if config.pp_size == 1 or config.padded_rows:
         return chosen
     plan, spans = list(chosen.plan), timer.makespans(chosen.plan)
     times = timer.sample_times()
-    step = 0.0
-    for rank in sorted(range(len(plan)), key=lambda r: -spans[r])[:COST_EQUAL_RANKS]:
-        if spans[rank] <= step:
+    step, budget = 0.0, COST_EQUAL_SAMPLES
+    for count, rank in enumerate(sorted(range(len(plan)), key=lambda r: -spans[r])):
+        if spans[rank] <= step or (count >= COST_EQUAL_RANKS and budget <= 0):
             break
+        budget -= sum(map(len, plan[rank]))
         dealt = differencing_pack([i for mb in plan[rank] for i in mb], sizes=timer.sizes, costs=times,
                                   cap=config.token_cap, num_bins=chosen.num_microbatches)  # type: ignore[arg-type]
         if dealt is not None:

@@ -1,9 +1,11 @@
 """Plans of the planner before its hot paths moved to NumPy (issue 19, point 5), as digests of ``to_dict()``.
 
 ``fixtures/plans_before_speed.json`` was written by this module run on the code of main at c69506b (after the
-tail reach and cost-equal packing, before the speed work was merged), not by the code under test::
+tail reach and cost-equal packing, before the speed work was merged) with cost-equal packing's bound on ranks
+changed as in main since (``COST_EQUAL_SAMPLES``, a choice of the objective, not of the speed work), not by the
+code under test::
 
-    git archive c69506b | tar -x -C /tmp/before
+    git archive c69506b | tar -x -C /tmp/before   # then COST_EQUAL_SAMPLES into core/objective.py's cost_equal
     PYTHONPATH=/tmp/before python tests/unit/plans_before_speed.py tests/unit/fixtures/plans_before_speed.json
 
 The speed work must not change a plan, so the cases cover every path it touches: DP 1 to 64, caps from tight

@@ -132,6 +132,32 @@ def test_cost_equal_packing_wins_in_the_simulator_and_is_chosen():
     assert chosen.seconds < 0.99 * today.seconds
 
 
+def test_cost_equal_repacks_every_rank_that_sets_the_step():
+    """40 ranks holding the same samples as the one-rank case above: every rank is as slow as the others, so the
+    step is faster only when all 40 are repacked (more than COST_EQUAL_RANKS; their 320 samples are within
+    COST_EQUAL_SAMPLES): each rank gets cost-equal micro-batches and the step the one-rank case's time."""
+    from megatron_dpsched.core.objective import COST_EQUAL_RANKS, COST_EQUAL_SAMPLES
+
+    one = [6000, 2000, 3000, 3000, 1000, 4000, 4000, 2000]
+    dp = 40
+    assert COST_EQUAL_RANKS < dp and dp * len(one) <= COST_EQUAL_SAMPLES
+    sizes = one * dp
+    config = ScheduleConfig(dp_size=dp, global_batch_size=len(sizes), max_tokens_per_gpu=8192, pp_size=4,
+                            step_time_model=workload_model(0.1))
+    timer = StepTimer(sizes=sizes, costs=[workload(s) for s in sizes], config=config)
+    ranks = [range(8 * r, 8 * r + 8) for r in range(dp)]
+    today = timer.candidate([pack_into(items, sizes, 8192, 4) for items in ranks])
+    chosen = cost_equal(today, timer)
+    assert chosen.seconds < 0.99 * today.seconds
+    for r, rank in enumerate(chosen.plan):
+        assert sorted(i for mb in rank for i in mb) == list(ranks[r])
+        assert [8 * r] in rank  # the 6000-token sample alone, as differencing packs the one-rank case
+    times = [rank_forward_times([[sizes[i] for i in mb] for mb in rank], model=config.step_time_model)
+             for rank in chosen.plan]
+    assert simulate_step(times, layout=config.layout, model=config.step_time_model).seconds == pytest.approx(
+        chosen.seconds)
+
+
 def test_cost_equal_keeps_todays_plan_at_pp1():
     sizes = [4000, 1000, 1000, 1000, 1000, 3000]
     config = ScheduleConfig(dp_size=1, global_batch_size=6, max_tokens_per_gpu=8192,
