@@ -19,9 +19,10 @@ plan records the order chosen. Candidates, all at legal counts of at most ``B``
 
 * the default;
 * plans of steps 3-4 at each legal count below ``D``, refined as in step 5 (:func:`_fewer_counts`);
-* when the default's busiest rank costs more than :data:`TAIL_IMBALANCE` above ``max(mean rank cost,
-  dearest sample)`` (a tail past the cap kept step 5 from balancing, even with its own reach past ``U``
-  to ``B``, which it takes by the busiest rank's cost alone), plans of steps 3-4 at counts
+* when the default's busiest rank, or that of the plan at the next fewer count, costs more than
+  :data:`TAIL_IMBALANCE` above ``max(mean rank cost, dearest sample)`` (a tail past the cap kept step 5
+  from balancing, or made it reach past ``U``, which it does by the busiest rank's cost alone and stops
+  where more micro-batches cut it by less than its tolerance, short of the fastest count), plans of steps 3-4 at counts
   above ``D``, refined as in step 5, at most :data:`MAX_TAIL_COUNTS` (:func:`_tail_counts`);
 * with ``pp_size > 1``, the ranks of the fastest candidate so far at ``D`` or above repacked (step 4)
   into more micro-batches (:func:`_more_counts`). With ``pp_size == 1`` a rank's time is the sum of its
@@ -31,7 +32,8 @@ Counts above ``D`` go up to ``B`` (each plan's own) and, with ``balance_growth >
 ``align(U * (1 + balance_growth))``. Of the candidates no slower than the default, :func:`choose` takes
 the one with the fewest micro-batches within :data:`STEP_TIME_TOLERANCE` of the fastest. So with
 ``pp_size == 1``, no per-micro-batch time and costs proportional to the model's forward time, the plan is
-the default plan whenever the default is within :data:`TAIL_IMBALANCE` of the least busiest-rank cost and
+the default plan whenever the default and the plan at the next fewer count are within :data:`TAIL_IMBALANCE`
+of the least busiest-rank cost and
 no count below ``D`` comes within :data:`STEP_TIME_TOLERANCE` of it (step 5 kept ``D`` only for a cut of
 more than :data:`~megatron_dpsched.core.planning.BALANCE_TOLERANCE`).
 
@@ -265,9 +267,10 @@ def plan_for_step_time(
     fitted = default if len(default[0]) <= bound else repack_ranks(default, sizes, config, bound)
     assert fitted is not None, "one sample per micro-batch always fits"
     base = timer.candidate(fitted)
-    candidates = [base, *_fewer_counts(base, timer, replan=replan, lower_bound=lower_bound)]
+    fewer = _fewer_counts(base, timer, replan=replan, lower_bound=lower_bound)
+    candidates = [base, *fewer]
     limit = bound if growth_limit is None else max(base.num_microbatches, min(bound, growth_limit))
-    if tail_heavy(fitted, costs):
+    if tail_heavy(fitted, costs) or (fewer and tail_heavy(fewer[0].plan, costs)):  # step 5 may have reached
         candidates += _tail_counts(base, timer, replan=replan, limit=limit, lower_bound=lower_bound)
     if config.pp_size > 1:  # with one stage a rank's time is its micro-batches' sum: more never help
         seed = min((c for c in candidates if c.num_microbatches >= base.num_microbatches), key=lambda c: c.seconds)
