@@ -185,8 +185,18 @@ def split_to_count(
     ``padded_rows`` a bin splits into its longer and its shorter samples (less padding), else into two
     of near-equal tokens. Parts never exceed the whole.
     """
-    assert len(bins) <= num_bins, (len(bins), num_bins)
-    out = [list(b) for b in bins]
+    return _split_owned([list(b) for b in bins], sizes, num_bins, padded_rows=padded_rows, loads=loads)
+
+
+def _split_owned(
+    out: list[list[int]], sizes: Sequence[int], num_bins: int, *, padded_rows: bool = False,
+    loads: Sequence[int] | None = None,
+) -> list[list[int]]:
+    """:func:`split_to_count` on bins the caller hands over: ``out`` is extended and its entries replaced
+    (never the bins themselves), and returned."""
+    assert len(out) <= num_bins, (len(out), num_bins)
+    if len(out) == num_bins:
+        return out
     if loads is None:
         loads = [collated_size(b, sizes, padded_rows=padded_rows) for b in out]
     heap = [(-load, i) for i, (b, load) in enumerate(zip(out, loads, strict=True)) if len(b) > 1]
@@ -243,7 +253,7 @@ def pack_ranks(
     subset = _grid_subset(layout, np.array([bins is None for bins in packed], dtype=bool))
     refits = _best_fit_ranks([ranks[r] for r in overflowed], sizes, cap, layout=subset)
     for r, (bins, loads) in zip(overflowed, refits, strict=True):
-        packed[r] = None if len(bins) > num_bins else split_to_count(bins, sizes, num_bins, loads=loads)
+        packed[r] = None if len(bins) > num_bins else _split_owned(bins, sizes, num_bins, loads=loads)  # fresh
     return packed
 
 

@@ -8,17 +8,28 @@ first, to the lightest micro-batch), and the one-rank pipeline simulation.
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 
 import numpy as np
 import pytest
 
-from megatron_dpsched.core import PipelineLayout, StepTimeModel, balancing, objective, packing, simulate_rank, steptime
+from megatron_dpsched.core import (
+    PipelineLayout,
+    StepTimeModel,
+    balancing,
+    objective,
+    packing,
+    planning,
+    simulate_rank,
+    steptime,
+)
 from megatron_dpsched.core.balancing import lpt_assign
 from megatron_dpsched.core.config import ScheduleConfig
 from megatron_dpsched.core.cost import distinct_values
 from megatron_dpsched.core.packing import pack_into, pack_ranks
+from megatron_dpsched.core.padding import collated_size
 from megatron_dpsched.core.steptime import rank_makespans
 
 
@@ -217,3 +228,77 @@ def test_pack_ranks_of_overflowing_ranks_as_pack_into(seed: int) -> None:
         sizes.extend(rank)
     assert pack_ranks(ranks, sizes, cap, count) == [pack_into(rank, sizes, cap, count) for rank in ranks]
     assert any(bins is None for bins in packing._worst_fit_ranks(ranks, sizes, cap, count))
+
+
+def reference_peak_cost(plan: list[list[list[int]]] | None, costs: list[float]) -> float:
+    """The rule before the NumPy pre-pass: every rank's Python ``sum`` of its costs in plan order, the largest."""
+    if plan is None:
+        return math.inf
+    return max(sum(costs[i] for mb in rank for i in mb) for rank in plan)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_peak_cost_as_the_python_sum_of_every_rank(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    monkeypatch.setattr(planning, "PEAK_VECTOR_RANKS", 1)
+    rng = random.Random(seed)
+    count = rng.randint(1, 600)
+    kind = rng.choice(("spread", "tiny", "huge", "zero", "negative"))
+    costs = [{"spread": rng.random() * 1e7, "tiny": 0.1 + rng.random() * 1e-12, "huge": 1e15 + rng.random() * 7,
+              "zero": 0.0, "negative": rng.uniform(-1, 1)}[kind] for _ in range(count)]
+    num_ranks = rng.randint(1, 20)
+    base = list(range(count))
+    ranks = []
+    for _ in range(num_ranks):  # the same samples in other orders: sums equal or a few ulps apart
+        items = base[:] if rng.random() < 0.7 else rng.sample(base, rng.randint(0, count))
+        rng.shuffle(items)
+        cuts = sorted(rng.randint(0, len(items)) for _ in range(rng.randint(0, 5)))
+        ranks.append([items[a:b] for a, b in zip([0, *cuts], [*cuts, len(items)], strict=True)])
+    assert planning._peak_cost(ranks, costs) == reference_peak_cost(ranks, costs)
+    assert planning._peak_cost(None, costs) == math.inf
+
+
+def reference_split_to_count(bins: list[list[int]], sizes: list[int], num_bins: int, *,
+                             padded_rows: bool = False) -> list[list[int]]:
+    """split_to_count before its early exit and in-place variant, copied in."""
+    out = [list(b) for b in bins]
+    loads = [collated_size(b, sizes, padded_rows=padded_rows) for b in out]
+    heap = [(-load, i) for i, (b, load) in enumerate(zip(out, loads, strict=True)) if len(b) > 1]
+    heapq.heapify(heap)
+    halve = packing._split_rows if padded_rows else packing._halve
+    while len(out) < num_bins and heap:
+        _, i = heapq.heappop(heap)
+        first, second = halve(out[i], sizes)
+        out[i] = first
+        out.append(second)
+        for j in (i, len(out) - 1):
+            if len(out[j]) > 1:
+                heapq.heappush(heap, (-collated_size(out[j], sizes, padded_rows=padded_rows), j))
+    out.extend([] for _ in range(num_bins - len(out)))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_split_to_count_as_before_and_leaves_its_input(seed: int) -> None:
+    rng = random.Random(seed)
+    sizes = _lengths(rng, rng.randint(1, 200))
+    items = list(range(len(sizes)))
+    rng.shuffle(items)
+    cuts = sorted(rng.randint(0, len(items)) for _ in range(rng.randint(0, 12)))
+    bins = [b for b in (items[a:b] for a, b in zip([0, *cuts], [*cuts, len(items)], strict=True)) if b]
+    num_bins = len(bins) + rng.choice((0, 0, 1, 3, 40))
+    padded_rows = rng.random() < 0.3
+    before = [list(b) for b in bins]
+    expected = reference_split_to_count(bins, sizes, num_bins, padded_rows=padded_rows)
+    assert packing.split_to_count(bins, sizes, num_bins, padded_rows=padded_rows) == expected
+    assert bins == before
+    owned = [list(b) for b in bins]
+    assert packing._split_owned(owned, sizes, num_bins, padded_rows=padded_rows) == expected
+
+
+@pytest.mark.parametrize("ones", [2, 4, 9, 100])
+def test_peak_cost_where_a_float64_running_sum_picks_another_rank(monkeypatch: pytest.MonkeyPatch,
+                                                                  ones: int) -> None:
+    monkeypatch.setattr(planning, "PEAK_VECTOR_RANKS", 1)
+    costs = [1e16, 2.0, *[1.0] * ones, 1e16]  # 1e16 + 1.0 rounds back to 1e16 one addition at a time
+    plan = [[[len(costs) - 1, 1]], [[0], list(range(2, 2 + ones))]]
+    assert planning._peak_cost(plan, costs) == reference_peak_cost(plan, costs) == 1e16 + max(2, ones)
