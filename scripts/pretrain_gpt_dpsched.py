@@ -357,8 +357,13 @@ def run_pretrain(args: argparse.Namespace) -> None:
     from megatron.training.argument_utils import pretrain_cfg_container_from_args
     from megatron.training.training import pretrain
 
-    pretrain(pretrain_cfg_container_from_args(args), train_valid_test_datasets_provider,
-             ModelType.encoder_or_decoder, forward_step, model_provider=_model_provider_with_recorder)
+    try:
+        pretrain(pretrain_cfg_container_from_args(args), train_valid_test_datasets_provider,
+                 ModelType.encoder_or_decoder, forward_step, model_provider=_model_provider_with_recorder)
+    except SystemExit as stop:  # --exit-interval / --exit-duration: the job ends by sys.exit
+        if not stop.code:
+            record_plan(args)
+        raise
     record_plan(args)
 
 
@@ -403,8 +408,17 @@ def run_cpu_dry_run(args: argparse.Namespace) -> None:
     install_recorder(args)
     model, optimizer, scheduler = training.setup_model_and_optimizer(ModelType.encoder_or_decoder, model_provider)
     train_iter, valid_iter = _data_iterators(len(model))
-    training.train(forward_step, model, optimizer, scheduler, train_iter, valid_iter, None,
-                   get_model_config(model[0]), {}, None)
+    try:
+        training.train(forward_step, model, optimizer, scheduler, train_iter, valid_iter, None,
+                       get_model_config(model[0]), {}, None)
+    except SystemExit as stop:
+        # --exit-interval / --exit-duration: train() ends the job with sys.exit after a barrier on every rank. A
+        # gloo group left to interpreter shutdown can abort the process (SIGABRT) while its worker threads free
+        # tensors, so it is destroyed here, as on the normal way out.
+        if not stop.code:
+            record_plan(args)
+        torch.distributed.destroy_process_group()
+        raise
     record_plan(args)
     torch.distributed.destroy_process_group()
 

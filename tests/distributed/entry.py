@@ -71,6 +71,8 @@ def python(argv: Sequence[str], *, timeout: int = 120) -> subprocess.CompletedPr
 
 
 def errors(log: str) -> str:
-    """The lines of a failed run that say why (tracebacks and errors), not the argument dump."""
-    keep = [line for line in log.splitlines() if "Error" in line or "error" in line or line.startswith("  File")]
+    """The lines of a failed run that say why (tracebacks, errors, aborts: ``terminate called ...``,
+    ``what(): ...``, ``Fatal Python error``), not the argument dump."""
+    words = ("error", "terminate", "what()", "fatal", "abort", "exception", "signal")
+    keep = [line for line in log.splitlines() if line.startswith("  File") or any(w in line.lower() for w in words)]
     return "\n".join(keep[-60:])

@@ -18,7 +18,7 @@ import pytest
 from entry import errors, tiny_gpt_argv, torchrun
 
 from megatron_dpsched.data import write_token_jsonl
-from megatron_dpsched.megatron.step_stats import load_step_records
+from megatron_dpsched.megatron.step_stats import load_plans, load_step_records
 
 pytestmark = pytest.mark.distributed
 
@@ -128,6 +128,9 @@ def test_a_resume_in_the_middle_of_epoch_two_equals_the_uninterrupted_run(cyclic
     first = _run(_argv([str(cyclic["corpus"])], tmp_path / "first", *common, "--save", str(checkpoint),
                        "--save-interval", str(save_at), "--exit-interval", str(save_at), train_iters=8))
     assert f"successfully saved checkpoint from iteration {save_at:7d}" in first
+    trained = load_step_records(tmp_path / "first")  # --exit-interval ends by sys.exit: the plans are still written
+    assert {rank: [[r["micro_batch_ids"] for r in trained if (r["rank"], r["iteration"]) == (rank, it)][0]
+                   for it in range(save_at)] for rank in (0, 1)} == load_plans(tmp_path / "first")
     log = _run(_argv([str(cyclic["corpus"])], tmp_path / "resumed", *common, "--load", str(checkpoint),
                      train_iters=8))
     assert "dp-schedule: train feed resumes at step 3 (consumed_samples=24)" in log
