@@ -7,7 +7,6 @@ comparison must run on a tiny input with cap-breaking plans counted apart.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -18,11 +17,7 @@ pytestmark = pytest.mark.distributed
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
-_spec = importlib.util.spec_from_file_location("bench_peers", REPO / "scripts" / "bench_peers.py")
-bench_peers = importlib.util.module_from_spec(_spec)
-sys.modules["bench_peers"] = bench_peers
-_spec.loader.exec_module(bench_peers)
-
+import bench_peers  # noqa: E402
 import peer_sources  # noqa: E402
 
 from megatron_dpsched.core.config import ScheduleConfig  # noqa: E402

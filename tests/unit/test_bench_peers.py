@@ -3,7 +3,6 @@ counted as wins, refused steps apart, plans compared rank by rank; and the scrip
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -11,11 +10,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
-_spec = importlib.util.spec_from_file_location("bench_peers", REPO / "scripts" / "bench_peers.py")
-bench_peers = importlib.util.module_from_spec(_spec)
-sys.modules["bench_peers"] = bench_peers
-_spec.loader.exec_module(bench_peers)
-
+import bench_peers  # noqa: E402
 from peer_sources import PeerPlanner, PeerRefused  # noqa: E402
 
 from megatron_dpsched.core.config import ScheduleConfig  # noqa: E402
