@@ -77,10 +77,11 @@ SEARCH_SPAN = 2.0
 many times the fastest count so far (packing granularity makes plateaus: equal samples run no faster at
 11-15 micro-batches than at 11 until 16 halve them)."""
 SCREEN_RANKS = 8
-"""Upward candidates are timed on the ranks with the most work only; the winners are then timed in full."""
+"""Upward candidates are timed on this many ranks with the most work and as many with the dearest sample only;
+the winners are then timed in full."""
 SCREEN_TOLERANCE = 0.02
-"""Of the screened counts, the fewest within this share of the fastest is timed in full (the busiest ranks
-alone understate a larger count's time)."""
+"""Of the screened counts, the fewest within this share of the fastest is timed in full (the screened ranks
+alone understate a larger count's time), and the fastest too (where they do not, :func:`choose` then takes it)."""
 ORDER_MARGIN = 1e-9
 """Another of :data:`~megatron_dpsched.core.ordering.PIPELINE_ORDERS` replaces step 6's order on a rank only
 when it runs that rank faster by more than this share (the same times summed in another order differ in
@@ -205,14 +206,20 @@ class StepTimer:
 
     @np.errstate(over="ignore", invalid="ignore")  # as Python floats: inf and nan, no warning
     def busiest(self, plan: list[RankPlan]) -> list[RankPlan]:
-        """The :data:`SCREEN_RANKS` ranks of ``plan`` with the most work (forward time of their samples)."""
+        """The ranks of ``plan`` a larger count is screened on: the :data:`SCREEN_RANKS` with the most work
+        (forward time of their samples) and the :data:`SCREEN_RANKS` with the dearest sample (ties: more work),
+        each once. At many micro-batches a pipeline's fill and drain, set by a rank's largest micro-batch,
+        outweigh its work: there the slowest rank holds the dearest sample, not the most work."""
         model = self.config.step_time_model
         assert model is not None
         a, b = model.seconds_per_token, model.seconds_per_token_pair
         planned = np.asarray(self.sizes, dtype=np.float64) if self._planned is None else self._planned
         work = (a * planned + b * planned * planned).tolist()  # elementwise, as Python computes each
         loads = [sum(map(work.__getitem__, chain.from_iterable(rank))) for rank in plan]
-        return [plan[r] for r in sorted(range(len(plan)), key=lambda r: -loads[r])[:SCREEN_RANKS]]
+        dearest = [max(map(work.__getitem__, chain.from_iterable(rank)), default=0.0) for rank in plan]
+        by_work = sorted(range(len(plan)), key=lambda r: -loads[r])[:SCREEN_RANKS]
+        by_sample = sorted(range(len(plan)), key=lambda r: (-dearest[r], -loads[r]))[:SCREEN_RANKS]
+        return [plan[r] for r in dict.fromkeys(by_work + by_sample)]
 
     @cached_property
     def _planned(self) -> np.ndarray | None:
@@ -349,9 +356,9 @@ def _tail_counts(
 def _more_counts(base: Candidate, timer: StepTimer, *, limit: int) -> list[Candidate]:
     """The base plan's ranks repacked into more micro-batches, up to ``limit``: each count at least
     :data:`COUNT_GROWTH` above the last, until :data:`MAX_STALE_COUNTS` in a row are not faster and the
-    count is :data:`SEARCH_SPAN` times the fastest so far. These are timed on the :data:`SCREEN_RANKS`
-    ranks with the most work (:meth:`StepTimer.busiest`); the best of them (:func:`choose` with
-    :data:`SCREEN_TOLERANCE`) on every rank."""
+    count is :data:`SEARCH_SPAN` times the fastest so far. These are timed on the ranks with the most work
+    and those with the dearest sample (:meth:`StepTimer.busiest`); the best of them (:func:`choose` with
+    :data:`SCREEN_TOLERANCE`) and the fastest of them on every rank."""
     layout, config = timer.config.layout, timer.config
     screened: list[Candidate] = []
     busiest = timer.busiest(base.plan)
@@ -372,9 +379,11 @@ def _more_counts(base: Candidate, timer: StepTimer, *, limit: int) -> list[Candi
             stale += 1
     if not screened:
         return []
-    winner = choose([base, *screened], ceiling=base.seconds, tolerance=SCREEN_TOLERANCE).num_microbatches
-    plan = repack_ranks(base.plan, timer.sizes, config, winner) if winner != base.num_microbatches else None
-    return [] if plan is None else [timer.candidate(plan)]
+    near = choose([base, *screened], ceiling=base.seconds, tolerance=SCREEN_TOLERANCE)
+    fastest = min(screened, key=lambda c: c.seconds)
+    counts = dict.fromkeys(c.num_microbatches for c in (near, fastest) if c.seconds < base.seconds)
+    plans = [repack_ranks(base.plan, timer.sizes, config, count) for count in counts]
+    return [timer.candidate(plan) for plan in plans if plan is not None]
 
 
 def cost_equal(chosen: Candidate, timer: StepTimer) -> Candidate:

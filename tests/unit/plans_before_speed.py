@@ -2,10 +2,11 @@
 
 ``fixtures/plans_before_speed.json`` was written by this module run on the code of main at c69506b (after the
 tail reach and cost-equal packing, before the speed work was merged) with cost-equal packing's bound on ranks
-changed as in main since (``COST_EQUAL_SAMPLES``, a choice of the objective, not of the speed work), not by the
-code under test::
+changed as in main since (``COST_EQUAL_SAMPLES``, a choice of the objective, not of the speed work) and step 7's
+screen of larger counts as in main since (``StepTimer.busiest`` also takes the ranks with the dearest sample;
+``_more_counts`` also times the screen's fastest count in full), not by the code under test::
 
-    git archive c69506b | tar -x -C /tmp/before   # then COST_EQUAL_SAMPLES into core/objective.py's cost_equal
+    git archive c69506b | tar -x -C /tmp/before   # then those two objective changes into core/objective.py
     PYTHONPATH=/tmp/before python tests/unit/plans_before_speed.py tests/unit/fixtures/plans_before_speed.json
 
 The speed work must not change a plan, so the cases cover every path it touches: DP 1 to 64, caps from tight
