@@ -10,11 +10,14 @@ close to the mean.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Sequence
+from itertools import chain
 
 import numpy as np
 
 from megatron_dpsched.core import padding
+from megatron_dpsched.core.config import RankPlan
 from megatron_dpsched.core.packing import small_int, target_bin
 
 
@@ -272,3 +275,31 @@ def _best_move(
                     if into is not None:
                         best, best_peak = (source, source_bin, item, target, into), peak
     return best
+
+
+def peak_cost(plan: list[RankPlan] | None, costs: list[float]) -> float:
+    """The costliest rank's summed cost (Python's ``sum`` of its samples' costs, in plan order)."""
+    if plan is None:
+        return math.inf
+    candidates = _peak_candidates(plan, costs) if len(plan) >= PEAK_VECTOR_RANKS else range(len(plan))
+    return max(sum(map(costs.__getitem__, chain.from_iterable(plan[r]))) for r in candidates)
+
+
+PEAK_VECTOR_RANKS = 64
+""":func:`peak_cost` sums every rank with NumPy first from this many ranks."""
+
+
+def _peak_candidates(plan: list[RankPlan], costs: list[float]) -> Sequence[int]:
+    """The ranks whose NumPy-summed cost is within the summation error of the largest: the costliest by
+    Python's ``sum`` is among them (costs non-negative and finite, else all ranks)."""
+    counts = [sum(map(len, rank)) for rank in plan]
+    flat = np.fromiter(chain.from_iterable(chain.from_iterable(plan)), dtype=np.int64, count=sum(counts))
+    values = np.asarray(costs, dtype=np.float64)
+    if not values.size or not values.min() >= 0:
+        return range(len(plan))
+    totals = np.bincount(np.repeat(np.arange(len(plan)), counts), weights=values[flat], minlength=len(plan))
+    peak = totals.max()
+    if not math.isfinite(peak):
+        return range(len(plan))
+    slack = max(1e-9, 8.9e-16 * (max(counts) + 1))  # 4x the error bound of a sequential float64 sum, each side
+    return np.flatnonzero(totals >= peak * (1 - slack)).tolist()

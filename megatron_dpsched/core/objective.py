@@ -56,6 +56,7 @@ from itertools import chain
 
 import numpy as np
 
+from megatron_dpsched.core.balancing import peak_cost
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
 from megatron_dpsched.core.kk import differencing_pack
 from megatron_dpsched.core.ordering import PIPELINE_ORDERS, arrangements, order_micro_batches
@@ -81,7 +82,8 @@ SCREEN_RANKS = 8
 the winners are then timed in full."""
 SCREEN_TOLERANCE = 0.02
 """Of the screened counts, the fewest within this share of the fastest is timed in full (the screened ranks
-alone understate a larger count's time), and the fastest too (where they do not, :func:`choose` then takes it)."""
+alone understate a larger count's time), and the fastest too when it screens more than :data:`STEP_TIME_TOLERANCE`
+faster (where the screen does not understate, :func:`choose` then takes it)."""
 ORDER_MARGIN = 1e-9
 """Another of :data:`~megatron_dpsched.core.ordering.PIPELINE_ORDERS` replaces step 6's order on a rank only
 when it runs that rank faster by more than this share (the same times summed in another order differ in
@@ -216,7 +218,7 @@ class StepTimer:
         planned = np.asarray(self.sizes, dtype=np.float64) if self._planned is None else self._planned
         work = (a * planned + b * planned * planned).tolist()  # elementwise, as Python computes each
         loads = [sum(map(work.__getitem__, chain.from_iterable(rank))) for rank in plan]
-        dearest = [max(map(work.__getitem__, chain.from_iterable(rank)), default=0.0) for rank in plan]
+        dearest = _rank_maxima(plan, np.asarray(work, dtype=np.float64))
         by_work = sorted(range(len(plan)), key=lambda r: -loads[r])[:SCREEN_RANKS]
         by_sample = sorted(range(len(plan)), key=lambda r: (-dearest[r], -loads[r]))[:SCREEN_RANKS]
         return [plan[r] for r in dict.fromkeys(by_work + by_sample)]
@@ -246,6 +248,17 @@ class StepTimer:
             tokens = sum(map(sizes.__getitem__, micro_batch))
             pairs = sum(map(self._squares.__getitem__, micro_batch))
         return model.seconds_per_token * tokens + model.seconds_per_token_pair * pairs + model.seconds_per_microbatch
+
+
+def _rank_maxima(plan: list[RankPlan], values: np.ndarray) -> list[float]:
+    """Each rank's largest ``values[i]`` over its samples ``i`` (0.0 for a rank without samples)."""
+    counts = np.fromiter((sum(map(len, rank)) for rank in plan), dtype=np.int64, count=len(plan))
+    flat = np.fromiter(chain.from_iterable(chain.from_iterable(plan)), dtype=np.int64, count=int(counts.sum()))
+    maxima = np.zeros(len(plan))
+    filled = counts > 0
+    if flat.size:  # each non-empty rank's samples run from its start to the next non-empty rank's
+        maxima[filled] = np.maximum.reduceat(values[flat], (np.cumsum(counts) - counts)[filled])
+    return maxima.tolist()
 
 
 def count_bound(plan: list[RankPlan], *, config: ScheduleConfig, lower_bound: int) -> int:
@@ -288,9 +301,8 @@ def plan_for_step_time(
 
 def tail_heavy(plan: list[RankPlan], costs: Sequence[float]) -> bool:
     """The busiest rank of ``plan`` costs more than :data:`TAIL_IMBALANCE` above ``max(mean, dearest sample)``."""
-    loads = [sum(map(costs.__getitem__, chain.from_iterable(rank))) for rank in plan]
-    floor = max(sum(loads) / len(plan), max(costs))  # the plan holds every sample of the step
-    return max(loads) > floor * (1 + TAIL_IMBALANCE)
+    floor = max(sum(costs) / len(plan), max(costs))  # the plan holds every sample of the step
+    return peak_cost(plan, list(costs)) > floor * (1 + TAIL_IMBALANCE)
 
 
 def choose(candidates: list[Candidate], *, ceiling: float, tolerance: float = STEP_TIME_TOLERANCE) -> Candidate:
@@ -358,7 +370,8 @@ def _more_counts(base: Candidate, timer: StepTimer, *, limit: int) -> list[Candi
     :data:`COUNT_GROWTH` above the last, until :data:`MAX_STALE_COUNTS` in a row are not faster and the
     count is :data:`SEARCH_SPAN` times the fastest so far. These are timed on the ranks with the most work
     and those with the dearest sample (:meth:`StepTimer.busiest`); the best of them (:func:`choose` with
-    :data:`SCREEN_TOLERANCE`) and the fastest of them on every rank."""
+    :data:`SCREEN_TOLERANCE`) on every rank, and the fastest of them too where its screen is faster by more than
+    :data:`STEP_TIME_TOLERANCE`."""
     layout, config = timer.config.layout, timer.config
     screened: list[Candidate] = []
     busiest = timer.busiest(base.plan)
@@ -381,7 +394,8 @@ def _more_counts(base: Candidate, timer: StepTimer, *, limit: int) -> list[Candi
         return []
     near = choose([base, *screened], ceiling=base.seconds, tolerance=SCREEN_TOLERANCE)
     fastest = min(screened, key=lambda c: c.seconds)
-    counts = dict.fromkeys(c.num_microbatches for c in (near, fastest) if c.seconds < base.seconds)
+    also = fastest.seconds < near.seconds * (1 - STEP_TIME_TOLERANCE)  # else choose() would keep ``near``
+    counts = dict.fromkeys(c.num_microbatches for c in (near, fastest)[:1 + also] if c.seconds < base.seconds)
     plans = [repack_ranks(base.plan, timer.sizes, config, count) for count in counts]
     return [timer.candidate(plan) for plan in plans if plan is not None]
 

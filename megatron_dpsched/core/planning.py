@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from itertools import chain
 
 import numpy as np
 
 from megatron_dpsched.core import padding
-from megatron_dpsched.core.balancing import assign_bins, lpt_assign, refine_by_moves
+from megatron_dpsched.core.balancing import assign_bins, lpt_assign, peak_cost, refine_by_moves
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
 from megatron_dpsched.core.objective import MAX_STALE_COUNTS, count_bound, plan_for_step_time, tail_heavy
 from megatron_dpsched.core.ordering import order_micro_batches
@@ -151,7 +150,7 @@ def _plan_dynamic(sizes: list[int], costs: list[float], *, config: ScheduleConfi
     best, best_peak = None, math.inf
     stale = 0  # larger counts tried in a row without a better plan
     while True:
-        peak = _peak_cost(plan, costs)
+        peak = peak_cost(plan, costs)
         if peak > balanced:
             global_bins = global_bins or _global_packing(sizes, config)
             upper = _bins_count(global_bins, config)
@@ -159,7 +158,7 @@ def _plan_dynamic(sizes: list[int], costs: list[float], *, config: ScheduleConfi
                 plan = _plan_by_bins(global_bins, sizes, costs, config=config)
             if plan is not None:
                 _refine(plan, sizes, costs, config=config)
-                peak = _peak_cost(plan, costs)
+                peak = peak_cost(plan, costs)
         stale = stale + 1 if best is not None else 0
         if peak < best_peak * (1 - BALANCE_TOLERANCE):
             best, best_peak, stale = plan, peak, 0
@@ -209,7 +208,7 @@ def plan_at_count(
 ) -> list[RankPlan] | None:
     """Steps 3-4 at one count, refined as in step 5 when unbalanced; ``None`` if it does not fit."""
     plan = _assign_and_pack(sizes, costs, config=config, num_microbatches=num_microbatches)
-    if plan is not None and _peak_cost(plan, costs) > _balanced_peak(costs, config):
+    if plan is not None and peak_cost(plan, costs) > _balanced_peak(costs, config):
         _refine(plan, sizes, costs, config=config)
     return plan
 
@@ -279,34 +278,6 @@ def _global_packing(sizes: list[int], config: ScheduleConfig) -> list[list[int]]
     if config.padded_rows:
         return best_fit_decreasing(items, sizes, cap, padded_rows=True)
     return min(best_fit_decreasing(items, sizes, cap), first_fit(items, sizes, cap), key=len)
-
-
-def _peak_cost(plan: list[RankPlan] | None, costs: list[float]) -> float:
-    """The costliest rank's summed cost (Python's ``sum`` of its samples' costs, in plan order)."""
-    if plan is None:
-        return math.inf
-    candidates = _peak_candidates(plan, costs) if len(plan) >= PEAK_VECTOR_RANKS else range(len(plan))
-    return max(sum(map(costs.__getitem__, chain.from_iterable(plan[r]))) for r in candidates)
-
-
-PEAK_VECTOR_RANKS = 64
-""":func:`_peak_cost` sums every rank with NumPy first from this many ranks."""
-
-
-def _peak_candidates(plan: list[RankPlan], costs: list[float]) -> Sequence[int]:
-    """The ranks whose NumPy-summed cost is within the summation error of the largest: the costliest by
-    Python's ``sum`` is among them (costs non-negative and finite, else all ranks)."""
-    counts = [sum(map(len, rank)) for rank in plan]
-    flat = np.fromiter(chain.from_iterable(chain.from_iterable(plan)), dtype=np.int64, count=sum(counts))
-    values = np.asarray(costs, dtype=np.float64)
-    if not values.size or not values.min() >= 0:
-        return range(len(plan))
-    totals = np.bincount(np.repeat(np.arange(len(plan)), counts), weights=values[flat], minlength=len(plan))
-    peak = totals.max()
-    if not math.isfinite(peak):
-        return range(len(plan))
-    slack = max(1e-9, 8.9e-16 * (max(counts) + 1))  # 4x the error bound of a sequential float64 sum, each side
-    return np.flatnonzero(totals >= peak * (1 - slack)).tolist()
 
 
 def _plan_by_bins(

@@ -21,7 +21,6 @@ from megatron_dpsched.core import (
     balancing,
     objective,
     packing,
-    planning,
     simulate_rank,
     steptime,
 )
@@ -143,6 +142,24 @@ def test_step_timer_times_as_python_sums(monkeypatch: pytest.MonkeyPatch, seed: 
 
 
 @pytest.mark.parametrize("seed", range(40))
+def test_rank_maxima_as_pythons_max_with_empty_ranks_anywhere(seed: int) -> None:
+    """Each rank's dearest sample (step 7's screen) in one NumPy pass, against Python's ``max``; ranks and
+    micro-batches without samples first, in between and last."""
+    rng = random.Random(seed)
+    values = [rng.choice((0.0, 1.5, rng.random(), 1e9)) for _ in range(rng.randint(1, 60))]
+    ids = list(range(len(values)))
+    rng.shuffle(ids)
+    plan = [[] for _ in range(rng.randint(1, 12))]
+    for i in ids[:rng.randint(0, len(ids))]:
+        rank = rng.choice(plan)
+        if not rank or rng.random() < 0.3:
+            rank.append([])
+        rank[-1].append(i)
+    expected = [max((values[i] for mb in rank for i in mb), default=0.0) for rank in plan]
+    assert objective._rank_maxima(plan, np.array(values)) == expected
+
+
+@pytest.mark.parametrize("seed", range(40))
 def test_dearest_first_sorts_by_cost_weight_and_id(seed: int) -> None:
     """The radix sort of dense cost ranks (and its fallback to a three-key sort) against Python's ``sorted``."""
     rng = random.Random(seed)
@@ -239,7 +256,7 @@ def reference_peak_cost(plan: list[list[list[int]]] | None, costs: list[float]) 
 
 @pytest.mark.parametrize("seed", range(40))
 def test_peak_cost_as_the_python_sum_of_every_rank(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
-    monkeypatch.setattr(planning, "PEAK_VECTOR_RANKS", 1)
+    monkeypatch.setattr(balancing, "PEAK_VECTOR_RANKS", 1)
     rng = random.Random(seed)
     count = rng.randint(1, 600)
     kind = rng.choice(("spread", "tiny", "huge", "zero", "negative"))
@@ -253,8 +270,8 @@ def test_peak_cost_as_the_python_sum_of_every_rank(monkeypatch: pytest.MonkeyPat
         rng.shuffle(items)
         cuts = sorted(rng.randint(0, len(items)) for _ in range(rng.randint(0, 5)))
         ranks.append([items[a:b] for a, b in zip([0, *cuts], [*cuts, len(items)], strict=True)])
-    assert planning._peak_cost(ranks, costs) == reference_peak_cost(ranks, costs)
-    assert planning._peak_cost(None, costs) == math.inf
+    assert balancing.peak_cost(ranks, costs) == reference_peak_cost(ranks, costs)
+    assert balancing.peak_cost(None, costs) == math.inf
 
 
 def reference_split_to_count(bins: list[list[int]], sizes: list[int], num_bins: int, *,
@@ -298,7 +315,7 @@ def test_split_to_count_as_before_and_leaves_its_input(seed: int) -> None:
 @pytest.mark.parametrize("ones", [2, 4, 9, 100])
 def test_peak_cost_where_a_float64_running_sum_picks_another_rank(monkeypatch: pytest.MonkeyPatch,
                                                                   ones: int) -> None:
-    monkeypatch.setattr(planning, "PEAK_VECTOR_RANKS", 1)
+    monkeypatch.setattr(balancing, "PEAK_VECTOR_RANKS", 1)
     costs = [1e16, 2.0, *[1.0] * ones, 1e16]  # 1e16 + 1.0 rounds back to 1e16 one addition at a time
     plan = [[[len(costs) - 1, 1]], [[0], list(range(2, 2 + ones))]]
-    assert planning._peak_cost(plan, costs) == reference_peak_cost(plan, costs) == 1e16 + max(2, ones)
+    assert balancing.peak_cost(plan, costs) == reference_peak_cost(plan, costs) == 1e16 + max(2, ones)
