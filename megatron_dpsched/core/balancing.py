@@ -277,7 +277,7 @@ def _best_move(
     return best
 
 
-def peak_cost(plan: list[RankPlan] | None, costs: list[float]) -> float:
+def peak_cost(plan: list[RankPlan] | None, costs: Sequence[float]) -> float:
     """The costliest rank's summed cost (Python's ``sum`` of its samples' costs, in plan order)."""
     if plan is None:
         return math.inf
@@ -289,11 +289,10 @@ PEAK_VECTOR_RANKS = 64
 """:func:`peak_cost` sums every rank with NumPy first from this many ranks."""
 
 
-def _peak_candidates(plan: list[RankPlan], costs: list[float]) -> Sequence[int]:
+def _peak_candidates(plan: list[RankPlan], costs: Sequence[float]) -> Sequence[int]:
     """The ranks whose NumPy-summed cost is within the summation error of the largest: the costliest by
     Python's ``sum`` is among them (costs non-negative and finite, else all ranks)."""
-    counts = [sum(map(len, rank)) for rank in plan]
-    flat = np.fromiter(chain.from_iterable(chain.from_iterable(plan)), dtype=np.int64, count=sum(counts))
+    counts, flat = _flat_ranks(plan)
     values = np.asarray(costs, dtype=np.float64)
     if not values.size or not values.min() >= 0:
         return range(len(plan))
@@ -301,5 +300,22 @@ def _peak_candidates(plan: list[RankPlan], costs: list[float]) -> Sequence[int]:
     peak = totals.max()
     if not math.isfinite(peak):
         return range(len(plan))
-    slack = max(1e-9, 8.9e-16 * (max(counts) + 1))  # 4x the error bound of a sequential float64 sum, each side
+    slack = max(1e-9, 8.9e-16 * (int(counts.max()) + 1))  # 4x the error bound of a sequential float64 sum, each side
     return np.flatnonzero(totals >= peak * (1 - slack)).tolist()
+
+
+def rank_maxima(plan: list[RankPlan], values: np.ndarray) -> list[float]:
+    """Each rank's largest ``values[i]`` over its samples ``i`` (0.0 for a rank without samples)."""
+    counts, flat = _flat_ranks(plan)
+    maxima = np.zeros(len(plan))
+    filled = counts > 0
+    if flat.size:  # each non-empty rank's samples run from its start to the next non-empty rank's
+        maxima[filled] = np.maximum.reduceat(values[flat], (np.cumsum(counts) - counts)[filled])
+    return maxima.tolist()
+
+
+def _flat_ranks(plan: list[RankPlan]) -> tuple[np.ndarray, np.ndarray]:
+    """Each rank's sample count and every sample of ``plan``, rank by rank, in plan order."""
+    counts = np.fromiter((sum(map(len, rank)) for rank in plan), dtype=np.int64, count=len(plan))
+    flat = np.fromiter(chain.from_iterable(chain.from_iterable(plan)), dtype=np.int64, count=int(counts.sum()))
+    return counts, flat

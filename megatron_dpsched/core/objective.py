@@ -56,7 +56,7 @@ from itertools import chain
 
 import numpy as np
 
-from megatron_dpsched.core.balancing import peak_cost
+from megatron_dpsched.core.balancing import peak_cost, rank_maxima
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
 from megatron_dpsched.core.kk import differencing_pack
 from megatron_dpsched.core.ordering import PIPELINE_ORDERS, arrangements, order_micro_batches
@@ -216,9 +216,10 @@ class StepTimer:
         assert model is not None
         a, b = model.seconds_per_token, model.seconds_per_token_pair
         planned = np.asarray(self.sizes, dtype=np.float64) if self._planned is None else self._planned
-        work = (a * planned + b * planned * planned).tolist()  # elementwise, as Python computes each
+        values = a * planned + b * planned * planned
+        work = values.tolist()  # elementwise, as Python computes each
         loads = [sum(map(work.__getitem__, chain.from_iterable(rank))) for rank in plan]
-        dearest = _rank_maxima(plan, np.asarray(work, dtype=np.float64))
+        dearest = rank_maxima(plan, values)
         by_work = sorted(range(len(plan)), key=lambda r: -loads[r])[:SCREEN_RANKS]
         by_sample = sorted(range(len(plan)), key=lambda r: (-dearest[r], -loads[r]))[:SCREEN_RANKS]
         return [plan[r] for r in dict.fromkeys(by_work + by_sample)]
@@ -248,17 +249,6 @@ class StepTimer:
             tokens = sum(map(sizes.__getitem__, micro_batch))
             pairs = sum(map(self._squares.__getitem__, micro_batch))
         return model.seconds_per_token * tokens + model.seconds_per_token_pair * pairs + model.seconds_per_microbatch
-
-
-def _rank_maxima(plan: list[RankPlan], values: np.ndarray) -> list[float]:
-    """Each rank's largest ``values[i]`` over its samples ``i`` (0.0 for a rank without samples)."""
-    counts = np.fromiter((sum(map(len, rank)) for rank in plan), dtype=np.int64, count=len(plan))
-    flat = np.fromiter(chain.from_iterable(chain.from_iterable(plan)), dtype=np.int64, count=int(counts.sum()))
-    maxima = np.zeros(len(plan))
-    filled = counts > 0
-    if flat.size:  # each non-empty rank's samples run from its start to the next non-empty rank's
-        maxima[filled] = np.maximum.reduceat(values[flat], (np.cumsum(counts) - counts)[filled])
-    return maxima.tolist()
 
 
 def count_bound(plan: list[RankPlan], *, config: ScheduleConfig, lower_bound: int) -> int:
@@ -302,7 +292,7 @@ def plan_for_step_time(
 def tail_heavy(plan: list[RankPlan], costs: Sequence[float]) -> bool:
     """The busiest rank of ``plan`` costs more than :data:`TAIL_IMBALANCE` above ``max(mean, dearest sample)``."""
     floor = max(sum(costs) / len(plan), max(costs))  # the plan holds every sample of the step
-    return peak_cost(plan, list(costs)) > floor * (1 + TAIL_IMBALANCE)
+    return peak_cost(plan, costs) > floor * (1 + TAIL_IMBALANCE)
 
 
 def choose(candidates: list[Candidate], *, ceiling: float, tolerance: float = STEP_TIME_TOLERANCE) -> Candidate:
@@ -394,8 +384,8 @@ def _more_counts(base: Candidate, timer: StepTimer, *, limit: int) -> list[Candi
         return []
     near = choose([base, *screened], ceiling=base.seconds, tolerance=SCREEN_TOLERANCE)
     fastest = min(screened, key=lambda c: c.seconds)
-    also = fastest.seconds < near.seconds * (1 - STEP_TIME_TOLERANCE)  # else choose() would keep ``near``
-    counts = dict.fromkeys(c.num_microbatches for c in (near, fastest)[:1 + also] if c.seconds < base.seconds)
+    picks = [near, fastest] if fastest.seconds < near.seconds * (1 - STEP_TIME_TOLERANCE) else [near]  # else
+    counts = dict.fromkeys(c.num_microbatches for c in picks if c.seconds < base.seconds)  # choose() keeps near
     plans = [repack_ranks(base.plan, timer.sizes, config, count) for count in counts]
     return [timer.candidate(plan) for plan in plans if plan is not None]
 
