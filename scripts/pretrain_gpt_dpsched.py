@@ -47,11 +47,12 @@ Megatron's real ``setup_model_and_optimizer``, data-iterator builder and ``train
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import inspect
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -348,6 +349,19 @@ def record_plan(args: argparse.Namespace) -> None:
         write_plan(args.step_stats_dir, rank=torch.distributed.get_rank(), feed=feed, num_steps=recorder.step)
 
 
+@contextlib.contextmanager
+def recording_plans(args: argparse.Namespace) -> Iterator[None]:
+    """:func:`record_plan` once training ends: normally, or by the ``sys.exit`` of Megatron's ``--exit-interval``
+    and ``--exit-duration`` (exit code 0)."""
+    try:
+        yield
+    except SystemExit as stop:
+        if not stop.code:
+            record_plan(args)
+        raise
+    record_plan(args)
+
+
 # --- the two ways in --------------------------------------------------------------------------
 
 
@@ -357,14 +371,9 @@ def run_pretrain(args: argparse.Namespace) -> None:
     from megatron.training.argument_utils import pretrain_cfg_container_from_args
     from megatron.training.training import pretrain
 
-    try:
+    with recording_plans(args):
         pretrain(pretrain_cfg_container_from_args(args), train_valid_test_datasets_provider,
                  ModelType.encoder_or_decoder, forward_step, model_provider=_model_provider_with_recorder)
-    except SystemExit as stop:  # --exit-interval / --exit-duration: the job ends by sys.exit
-        if not stop.code:
-            record_plan(args)
-        raise
-    record_plan(args)
 
 
 def _model_provider_with_recorder(*args: Any, **kwargs: Any) -> Any:
@@ -409,17 +418,15 @@ def run_cpu_dry_run(args: argparse.Namespace) -> None:
     model, optimizer, scheduler = training.setup_model_and_optimizer(ModelType.encoder_or_decoder, model_provider)
     train_iter, valid_iter = _data_iterators(len(model))
     try:
-        training.train(forward_step, model, optimizer, scheduler, train_iter, valid_iter, None,
-                       get_model_config(model[0]), {}, None)
-    except SystemExit as stop:
+        with recording_plans(args):
+            training.train(forward_step, model, optimizer, scheduler, train_iter, valid_iter, None,
+                           get_model_config(model[0]), {}, None)
+    except SystemExit:
         # --exit-interval / --exit-duration: train() ends the job with sys.exit after a barrier on every rank. A
         # gloo group left to interpreter shutdown can abort the process (SIGABRT) while its worker threads free
         # tensors, so it is destroyed here, as on the normal way out.
-        if not stop.code:
-            record_plan(args)
         torch.distributed.destroy_process_group()
         raise
-    record_plan(args)
     torch.distributed.destroy_process_group()
 
 
