@@ -345,22 +345,24 @@ def _best_fit_ranks(
     flat_items, item_sizes, owner, column, grid = layout or _rank_grid(ranks, sizes)
     rows, counts = np.arange(len(ranks)), np.bincount(owner, minlength=len(ranks))
     kind = small_int(cap + 2)  # sizes over the cap count as cap + 1: they only ever open a bin
+    unsigned = np.dtype(kind).str.replace("i", "u")  # room - size as unsigned: a bin too small wraps past the cap
     room = np.full((len(ranks), 16), -1, dtype=kind)  # a bin's room; -1: full, oversize or not opened
     opened, chosen, widest = np.zeros(len(ranks), dtype=np.int64), np.zeros(grid.shape, dtype=np.int64), 0
     for t, size in enumerate(np.minimum(grid, cap + 1).astype(kind)):
-        live = room[:, :widest]
-        fitting = np.where(live >= size[:, None], live, cap + 1)  # least room that fits: cap + 1 if none
-        at = fitting.argmin(axis=1) if widest else opened
-        best = fitting[rows, at] if widest else np.full(len(ranks), cap + 1)
-        found = (best <= cap) & (size < cap)
-        has = counts > t
-        new = has & ~found
+        if widest:  # the least room that fits is the least room left after the item, as unsigned
+            gap = (room[:, :widest] - size[:, None]).view(unsigned)
+            at = gap.argmin(axis=1)
+            left = gap[rows, at].astype(kind)  # negative: no bin fits
+            found = (left >= 0) & (size < cap)
+        else:
+            at, left, found = opened, np.zeros_like(size), np.zeros(len(ranks), dtype=bool)
+        new = (counts > t) & ~found
         at = np.where(new, opened, at)
         opened += new
         widest = int(opened.max())
         if widest > room.shape[1]:
             room = np.concatenate((room, np.full_like(room, -1)), axis=1)
-        left = np.where(found, best - size, cap - size)
+        left = np.where(found, left, cap - size)
         left[(left == 0) | (size >= cap)] = -1
         room[rows, at] = left  # a rank past its last item has no use for its rooms
         chosen[t] = at

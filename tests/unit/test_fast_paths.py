@@ -8,9 +8,11 @@ first, to the lightest micro-batch), and the one-rank pipeline simulation.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 import random
+import threading
 
 import numpy as np
 import pytest
@@ -19,6 +21,7 @@ from megatron_dpsched.core import (
     PipelineLayout,
     StepTimeModel,
     balancing,
+    build_dp_schedule,
     objective,
     packing,
     simulate_rank,
@@ -218,7 +221,7 @@ def reference_best_fit(items: list[int], sizes: list[int], cap: int) -> list[lis
 @pytest.mark.parametrize("seed", range(40))
 def test_best_fit_of_all_ranks_as_the_sorted_list(seed: int) -> None:
     rng = random.Random(seed)
-    cap = rng.choice((50, 128, 500))
+    cap = rng.choice((50, 128, 500, 40000))  # 40000: rooms past 16 bits
     sizes = [rng.choice((rng.randint(0, cap), cap // 2, cap // 4, cap + 7, cap, cap - 1)) if rng.random() < 0.4
              else rng.randint(1, cap // 3) for _ in range(rng.randint(1, 600))]
     items = list(range(len(sizes)))
@@ -319,3 +322,34 @@ def test_peak_cost_where_a_float64_running_sum_picks_another_rank(monkeypatch: p
     costs = [1e16, 2.0, *[1.0] * ones, 1e16]  # 1e16 + 1.0 rounds back to 1e16 one addition at a time
     plan = [[[len(costs) - 1, 1]], [[0], list(range(2, 2 + ones))]]
     assert balancing.peak_cost(plan, costs) == reference_peak_cost(plan, costs) == 1e16 + max(2, ones)
+
+
+def test_the_main_thread_plans_with_the_cyclic_collector_paused_and_restores_it() -> None:
+    """A cost model called while planning sees the collector off on the main thread and on in another thread;
+    after a plan, and after one that fails on bad input, it is on again; one already off stays off."""
+    seen: list[bool] = []
+
+    def cost(length: int) -> float:
+        seen.append(gc.isenabled())
+        return float(length)
+
+    def plan(lengths: list[int]) -> None:
+        build_dp_schedule(lengths, dp_size=2, global_batch_size=4, max_tokens_per_gpu=16, cost_model=cost)
+
+    assert gc.isenabled()
+    plan([5, 3, 9, 2])
+    assert seen and not any(seen) and gc.isenabled()
+    with pytest.raises(ValueError, match=r"lengths\[2\] must be a positive integer"):
+        plan([5, 3, -9, 2])
+    assert gc.isenabled()
+    seen.clear()
+    worker = threading.Thread(target=plan, args=([5, 3, 9, 2],))
+    worker.start()
+    worker.join()
+    assert seen and all(seen) and gc.isenabled()
+    gc.disable()
+    try:
+        plan([5, 3, 9, 2])
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
