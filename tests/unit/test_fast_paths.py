@@ -221,7 +221,7 @@ def reference_best_fit(items: list[int], sizes: list[int], cap: int) -> list[lis
 @pytest.mark.parametrize("seed", range(40))
 def test_best_fit_of_all_ranks_as_the_sorted_list(seed: int) -> None:
     rng = random.Random(seed)
-    cap = rng.choice((50, 128, 500, 40000))  # 40000: rooms past 16 bits
+    cap = rng.choice((50, 128, 500, 32766, 40000, 2**31))  # rooms of 16 bits at most, of 32, of 64
     sizes = [rng.choice((rng.randint(0, cap), cap // 2, cap // 4, cap + 7, cap, cap - 1)) if rng.random() < 0.4
              else rng.randint(1, cap // 3) for _ in range(rng.randint(1, 600))]
     items = list(range(len(sizes)))
@@ -343,10 +343,18 @@ def test_the_main_thread_plans_with_the_cyclic_collector_paused_and_restores_it(
         plan([5, 3, -9, 2])
     assert gc.isenabled()
     seen.clear()
-    worker = threading.Thread(target=plan, args=([5, 3, 9, 2],))
+    failed: list[BaseException] = []
+
+    def plan_in_worker() -> None:
+        try:
+            plan([5, 3, 9, 2])
+        except BaseException as error:  # noqa: BLE001 -- asserted below on the main thread
+            failed.append(error)
+
+    worker = threading.Thread(target=plan_in_worker)
     worker.start()
     worker.join()
-    assert seen and all(seen) and gc.isenabled()
+    assert not failed and seen and all(seen) and gc.isenabled()
     gc.disable()
     try:
         plan([5, 3, 9, 2])
