@@ -254,18 +254,6 @@ def build_dp_schedule(
     return plan_schedule(lengths, config=config, groups=groups, cost_model=cost_model)
 
 
-def plan_schedule(
-    lengths: Sequence[int],
-    *,
-    config: ScheduleConfig,
-    groups: Sequence[Hashable] | None = None,
-    cost_model: CostFunction | None = None,
-) -> DPSchedule:
-    """:func:`build_dp_schedule` with the options already gathered in a :class:`ScheduleConfig`."""
-    with _collector_paused():
-        return _plan_schedule(lengths, config=config, groups=groups, cost_model=cost_model)
-
-
 @contextmanager
 def _collector_paused() -> Iterator[None]:
     """CPython's cyclic garbage collector paused while the main thread plans, and restored after.
@@ -285,13 +273,16 @@ def _collector_paused() -> Iterator[None]:
         gc.enable()
 
 
-def _plan_schedule(
+@_collector_paused()
+def plan_schedule(
     lengths: Sequence[int],
     *,
     config: ScheduleConfig,
     groups: Sequence[Hashable] | None = None,
     cost_model: CostFunction | None = None,
 ) -> DPSchedule:
+    """:func:`build_dp_schedule` with the options already gathered in a :class:`ScheduleConfig`; every way in
+    plans here, on the main thread with the cyclic collector paused (:func:`_collector_paused`)."""
     lengths = require_lengths(lengths)
     _check_static_layout(config, groups)
     steps, dropped = split_steps(
