@@ -49,7 +49,7 @@ from bench_steptime import WORKLOAD_FLOPS, synthetic_pools, workload  # noqa: E4
 from peer_sources import REWRITES, STAND_INS, PeerPlanner, PeerRefused, load_peers  # noqa: E402
 
 from megatron_dpsched import build_dp_schedule  # noqa: E402
-from megatron_dpsched.baselines import PLANNERS  # noqa: E402
+from megatron_dpsched.baselines import PLANNERS, breaks_cap  # noqa: E402
 from megatron_dpsched.baselines.partition import pad_to_legal  # noqa: E402
 from megatron_dpsched.cli import read_lengths  # noqa: E402
 from megatron_dpsched.core import StepTimeModel, rank_forward_times, simulate_step  # noqa: E402
@@ -128,8 +128,8 @@ def losses(rows: Sequence[PeerStep], *, tolerance: float = TOLERANCE) -> list[Pe
 
 
 def cap_breaking(plan: Sequence[RankPlan], lengths: Sequence[int], cap: int) -> bool:
-    """Whether a micro-batch of two or more samples holds more than ``cap`` tokens."""
-    return any(len(mb) > 1 and sum(lengths[i] for i in mb) > cap for rank in plan for mb in rank)
+    """Whether a micro-batch of two or more samples holds more than ``cap`` tokens (:func:`breaks_cap`)."""
+    return any(breaks_cap(mb, lengths, cap) for rank in plan for mb in rank)
 
 
 def plan_match(real: Sequence[RankPlan], rewrite: Sequence[RankPlan]) -> str:

@@ -84,17 +84,22 @@ def padded_tokens(micro_batch: Sequence[int], sizes: Sequence[int]) -> int:
 
 
 def cap_violations(schedule: DPSchedule) -> int:
-    """Micro-batches of two or more samples holding more than ``max_tokens_per_gpu * cp_size`` tokens.
+    """Micro-batches of two or more samples holding more than ``max_tokens_per_gpu * cp_size`` tokens
+    (:func:`breaks_cap`), over all steps."""
+    return sum(step_cap_violations(schedule))
 
-    A single sample longer than the cap is not counted: no plan can split it.
-    """
-    cap = schedule.config.token_cap
-    if cap is None:
-        return 0
-    lengths = schedule.lengths
-    return sum(
-        1
-        for rank, partition in enumerate(schedule.partitions)
-        for mb in schedule.micro_batch_indices[rank]
-        if len(mb) > 1 and sum(lengths[partition[p]] for p in mb) > cap
+
+def step_cap_violations(schedule: DPSchedule) -> tuple[int, ...]:
+    """:func:`cap_violations` of each step."""
+    cap, lengths = schedule.config.token_cap, schedule.lengths
+    return tuple(
+        0 if cap is None else sum(breaks_cap(mb, lengths, cap) for rank in range(schedule.dp_size)
+                                  for mb in schedule.rank_step_micro_batches(rank, step))
+        for step in range(schedule.num_steps)
     )
+
+
+def breaks_cap(micro_batch: Sequence[int], lengths: Sequence[int], cap: int) -> bool:
+    """Whether a micro-batch of two or more samples holds more than ``cap`` tokens; a single sample longer than
+    the cap does not count: no plan can split it."""
+    return len(micro_batch) > 1 and sum(lengths[i] for i in micro_batch) > cap

@@ -7,7 +7,13 @@ import pytest
 from assertions import assert_invariants
 
 from megatron_dpsched import ScheduleConfig
-from megatron_dpsched.baselines import BASELINES, build_baseline_schedule, cap_violations, padded_tokens
+from megatron_dpsched.baselines import (
+    BASELINES,
+    build_baseline_schedule,
+    cap_violations,
+    padded_tokens,
+    step_cap_violations,
+)
 from megatron_dpsched.baselines.megatron_lm_rl_rewrite import next_fit_decreasing
 from megatron_dpsched.baselines.nemo_rl_rewrite import modified_first_fit_decreasing
 from megatron_dpsched.baselines.partition import karmarkar_karp
@@ -52,6 +58,14 @@ def test_verl_breaks_the_cap_as_verl_does_and_the_plan_is_still_built():
     with pytest.raises(ScheduleInvariantError, match="invariant 2"):
         schedule.check()
     assert schedule.stats()[0].num_microbatches == 2
+
+
+def test_cap_violations_are_counted_per_step():
+    # step 0 as above ({60, 60} over 100); step 1's 40 tokens fit one micro-batch; a lone 150 is not counted
+    config = ScheduleConfig(dp_size=1, global_batch_size=4, max_tokens_per_gpu=100)
+    schedule = build_baseline_schedule("verl", [60, 60, 60, 20, 10, 10, 10, 10, 150, 1, 1, 1], config=config)
+    assert step_cap_violations(schedule) == (1, 0, 0)
+    assert cap_violations(schedule) == 1
 
 
 def test_verl_rounds_up_to_the_vpp_group_and_pads_ranks_short_of_samples():
