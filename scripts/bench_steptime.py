@@ -12,6 +12,10 @@ model from the same FLOPs at ``--tflops`` per GPU plus ``--overhead-ms`` per mic
   aligned lower bound to one sample per micro-batch, both the plan of steps 3-4 at that count
   and the default's ranks repacked into it (each ordered as in step 6).
 
+  With ``--kk-reference`` it also tries, at every legal count, plans dealt and packed by largest differencing
+  (Karmarkar-Karp) under the cap, written apart from the planner (:mod:`kk_reference`; DP 512 leaves out its plain
+  deal, the equal-count one stays).
+
   Every plan of the exhaustive search runs each rank's micro-batches in the fastest of four orders
   (cheapest at both ends, verl's, cost descending, cost ascending), written out here apart from the planner.
 
@@ -48,6 +52,7 @@ from pathlib import Path
 
 from bench_common import DEFAULT_LENGTHS_DIR, length_files
 from bench_schedule import heavy_tail
+from kk_reference import kk_dealt_plans
 
 from megatron_dpsched import CostModel, DPSchedule, build_dp_schedule
 from megatron_dpsched.cli import read_lengths
@@ -157,23 +162,29 @@ def fastest_orders(plan: list[RankPlan], sizes: Sequence[int], costs: Sequence[f
     return max(min(times) for times in zip(*seconds))
 
 
-def exhaustive_step(plan: list[RankPlan], lengths: list[int], *, config: ScheduleConfig, timing: Timing) -> float:
-    """Fastest simulated time over every legal count (fresh plans and repacks of ``plan``) and every order."""
+def exhaustive_step(plan: list[RankPlan], lengths: list[int], *, config: ScheduleConfig, timing: Timing,
+                    kk: bool = False) -> float:
+    """Fastest simulated time over every legal count (fresh plans and repacks of ``plan``, and with ``kk`` the
+    plans of :func:`kk_reference.kk_dealt_plans`) and every order."""
     samples = sorted(i for rank in plan for mb in rank for i in mb)
     sizes = [lengths[i] for i in samples]
     local = {sample: index for index, sample in enumerate(samples)}
     default = [[[local[i] for i in mb] for mb in rank] for rank in plan]
     costs = list(sample_costs(sizes, timing.cost_model))
     best = fastest_orders(default, sizes, costs, config=config, model=timing.model)
+    lower = lower_bound_microbatches(sizes, config=config)
     top = config.layout.align(max(math.ceil(len(sizes) / config.dp_size), len(default[0])))
-    for count in range(lower_bound_microbatches(sizes, config=config), top + 1):
+    for count in range(lower, top + 1):
         if not config.layout.is_legal(count):
             continue
         for candidate in (plan_at_count(sizes, costs, config=config, num_microbatches=count),
                           repack_ranks(default, sizes, config, count)):
             if candidate is not None:
                 best = min(best, fastest_orders(candidate, sizes, costs, config=config, model=timing.model))
-    return best
+    dealt = kk_dealt_plans(sizes, costs, dp_size=config.dp_size, cap=config.token_cap, layout=config.layout,
+                           lower_bound=lower) if kk else ()
+    return min([best, *(fastest_orders(candidate, sizes, costs, config=config, model=timing.model)
+                        for candidate in dealt)])
 
 
 def run_setting(lengths: list[int], *, dataset: str, layout: tuple[int, int], dp: int, cap: int,
@@ -187,8 +198,8 @@ def run_setting(lengths: list[int], *, dataset: str, layout: tuple[int, int], dp
         per_step[name] = [step_seconds(plan_of_step(schedule, s), lengths, config=schedule.config, model=timing.model)
                           for s in range(schedule.num_steps)]
     default = plans["default"]
-    per_step["exhaustive"] = [exhaustive_step(plan_of_step(default, s), lengths, config=default.config, timing=timing)
-                              for s in range(default.num_steps)]
+    per_step["exhaustive"] = [exhaustive_step(plan_of_step(default, s), lengths, config=default.config, timing=timing,
+                                              kk=args.kk_reference) for s in range(default.num_steps)]
     ratios = {name: tuple(ours / best for ours, best in zip(per_step[name], per_step["exhaustive"]))
               for name in plans}
     return Row(dataset=dataset, pp=layout[0], vpp=layout[1], dp=dp, cap=cap, timing=timing.label,
@@ -282,7 +293,8 @@ def summary(rows: list[Row], times: list[PlanningTime], args: argparse.Namespace
     models = ("Llama-3-8B FLOPs at " f"{args.tflops:g} TFLOP/s per GPU plus {args.overhead_ms:g} ms per micro-batch"
               if args.model == "llama3-8b" else
               "verl's workload c(L) = 24576 L + L^2 per sample plus o per micro-batch")
-    parts = [f"Settings: {args.samples_per_rank} samples per rank, {args.steps} steps, {models}."]
+    searched = "; the exhaustive search also tries KK-dealt plans" if args.kk_reference else ""
+    parts = [f"Settings: {args.samples_per_rank} samples per rank, {args.steps} steps, {models}{searched}."]
     for label in dict.fromkeys(r.timing for r in rows):
         for pp, vpp in LAYOUTS:
             mine = [r for r in rows if (r.pp, r.vpp, r.timing) == (pp, vpp, label)]
@@ -341,6 +353,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="also time 1,000,000 samples on 1,024 ranks (PP=1 default, PP=4 VPP=2 step-time), "
                              "drawn from each length set (the files and the heavy tail, as --datasets selects)")
     parser.add_argument("--strict", action="store_true", help="targets 1.01 (PP=1) and 1.03 (PP=4) per step")
+    parser.add_argument("--kk-reference", action="store_true",
+                        help="the exhaustive search also tries plans dealt and packed by largest differencing under "
+                             "the cap at every legal count (scripts/kk_reference.py)")
     parser.add_argument("--markdown", type=Path, help="also write the full table here")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed (default: exit 0)")
     return parser.parse_args(argv)
