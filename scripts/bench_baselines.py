@@ -10,9 +10,9 @@ a :class:`StepTimeModel` from the cost model of a 7B dense GPT (Llama-2-7B shape
 summed step time, its ratio to the project's (> 1: the project is faster), micro-batches per
 rank per step, micro-batches over the cap, and the worst step (baseline / project step time;
 < 1: the project loses that step). A baseline step with a micro-batch of several samples over the cap
-(:func:`~megatron_dpsched.baselines.breaks_cap`, verl's) is cap-breaking: it counts in the summed step
-times and is reported apart (how many, and how many of those are faster than the project's), never as a
-win: the worst step, the steps lost and ``--check`` look at the other steps::
+(:func:`~megatron_dpsched.baselines.breaks_cap`; verl's plans can have one) is cap-breaking: it counts in the
+summed step times and is reported apart (how many, and how many of those are faster than the project's),
+never as a win: the worst step, the steps lost and ``--check`` look at the other steps::
 
     .venv/bin/python scripts/bench_baselines.py                      # report, exit 0
     .venv/bin/python scripts/bench_baselines.py --check              # exit 1 if the project is > 0.5% slower on a step

@@ -13,8 +13,8 @@ model from the same FLOPs at ``--tflops`` per GPU plus ``--overhead-ms`` per mic
   and the default's ranks repacked into it (each ordered as in step 6).
 
   With ``--kk-reference`` it also tries, at every legal count, plans dealt and packed by largest differencing
-  (Karmarkar-Karp) under the cap, written apart from the planner (:mod:`kk_reference`; DP 512 leaves out its plain
-  deal, the equal-count one stays).
+  (Karmarkar-Karp) under the cap, written apart from the planner (:mod:`kk_reference`; its plain deal is left out
+  where samples times ranks pass ``PLAIN_LIMIT``, as at DP 512 with 32 samples per rank; the equal-count one stays).
 
   Every plan of the exhaustive search runs each rank's micro-batches in the fastest of four orders
   (cheapest at both ends, verl's, cost descending, cost ascending), written out here apart from the planner.
@@ -23,7 +23,7 @@ model from the same FLOPs at ``--tflops`` per GPU plus ``--overhead-ms`` per mic
 ``c(L) = 24576 L + L^2`` and a micro-batch's forward takes the ``c`` of its samples plus ``o``, with
 ``o = s * c(2048)`` for each ``s`` of ``--overhead-scales`` (default ``1`` and ``0.1``). Besides the length
 files, the synthetic sets of :func:`synthetic_pools` are planned (a heavy tail past the cap up to 32k tokens,
-log-normal, bimodal, rare giants, RL rollouts with giants at the limit) unless ``--no-synthetic``.
+log-normal, bimodal, rare giants, RL rollouts with giants near the limit) unless ``--no-synthetic``.
 
 It prints the summed step times, ``step-time / exhaustive`` summed and per step (worst and median per
 layout, and over the heavy tail alone; targets for the worst step: <= 1.02 at PP=1, <= 1.05 with PP=4,
@@ -182,7 +182,7 @@ def exhaustive_step(plan: list[RankPlan], lengths: list[int], *, config: Schedul
             if candidate is not None:
                 best = min(best, fastest_orders(candidate, sizes, costs, config=config, model=timing.model))
     dealt = kk_dealt_plans(sizes, costs, dp_size=config.dp_size, cap=config.token_cap, layout=config.layout,
-                           lower_bound=lower) if kk else ()
+                           lower_bound=lower) if kk and config.token_cap is not None else ()
     return min([best, *(fastest_orders(candidate, sizes, costs, config=config, model=timing.model)
                         for candidate in dealt)])
 
@@ -345,7 +345,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="workload: per-micro-batch forward time o = S * c(2048), one run per S")
     parser.add_argument("--synthetic", action=argparse.BooleanOptionalAction, default=True,
                         help="also plan the synthetic sets: a heavy tail past the cap (up to 32k tokens), log-normal, "
-                             "bimodal, rare giants, RL rollouts with giants at the 4096 limit")
+                             "bimodal, rare giants, RL rollouts with giants near the 4096 limit")
     parser.add_argument("--datasets", nargs="+", help="only these length sets (file stems or synthetic_* names)")
     parser.add_argument("--no-planning-time", dest="planning_time", action="store_false",
                         help="skip the 65,536-sample planning time")
@@ -364,7 +364,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def synthetic_pools(seed: int = 1234) -> dict[str, list[int]]:
     """Synthetic length sets: the heavy tail past the cap (``bench_schedule.heavy_tail``, up to 32k), a log-normal
     (median 1000), a bimodal (short answers and 3k reasoning traces), rare giants (2% of 3k-4k in short
-    samples) and RL rollouts with giants at the 4096 response limit (12% of samples in the top 8% of it)."""
+    samples) and RL rollouts with giants near the 4096 response limit (12% of samples in the top 8% below it)."""
     rng = random.Random(seed)
     clip = lambda x: max(16, min(4096, int(x)))  # noqa: E731
     return {

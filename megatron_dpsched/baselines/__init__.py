@@ -101,5 +101,6 @@ def step_cap_violations(schedule: DPSchedule) -> tuple[int, ...]:
 
 def breaks_cap(micro_batch: Sequence[int], lengths: Sequence[int], cap: int) -> bool:
     """Whether a micro-batch of two or more samples holds more than ``cap`` tokens; a single sample longer than
-    the cap does not count: no plan can split it."""
+    the cap does not count: no plan can split it. Tokens are the raw lengths: the baselines plan without
+    ``pad_multiple`` or ``padded_rows``, where they equal invariant 2's collated size."""
     return len(micro_batch) > 1 and sum(lengths[i] for i in micro_batch) > cap

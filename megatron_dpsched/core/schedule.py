@@ -259,10 +259,11 @@ def _collector_paused() -> Iterator[None]:
     """CPython's cyclic garbage collector paused while the main thread plans, and restored after.
 
     A plan is up to millions of small lists and tuples of ints, none in a reference cycle, so reference
-    counting frees them all; a collection found nothing to free but walked every one again, about a fifth of a
-    million-sample plan's time (``bench_steptime.py --million``). The collector is process-wide, so a plan made
-    beside training in another thread (``--dp-schedule-prefetch``) leaves it alone, and one already disabled
-    (Megatron's ``--manual-gc``) stays disabled."""
+    counting frees them all, while every collection found nothing to free and walked them all again. The
+    schedule a plan returns is a small share of those objects, so the first collection after the pause is
+    short. The collector is process-wide, so a plan made beside training in another thread
+    (``--dp-schedule-prefetch``) leaves it alone, and one already disabled (Megatron's ``--manual-gc``) stays
+    disabled."""
     if not gc.isenabled() or threading.current_thread() is not threading.main_thread():
         yield
         return
