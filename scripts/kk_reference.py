@@ -19,6 +19,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterator, Sequence
 
+from megatron_dpsched.baselines import breaks_cap
 from megatron_dpsched.core.alignment import PipelineLayout
 
 PLAIN_LIMIT = 2_000_000
@@ -53,11 +54,12 @@ def largest_differencing(ids: Sequence[int], costs: Sequence[float], parts: int,
 def split_under_cap(ids: Sequence[int], *, sizes: Sequence[int], costs: Sequence[float], count: int,
                     cap: int) -> list[list[int]] | None:
     """A rank's samples in ``count`` micro-batches by :func:`largest_differencing`, then shortest samples moved out
-    of micro-batches of several samples over ``cap``; ``None`` when that does not bring every one under it."""
+    of micro-batches that break ``cap`` (:func:`~megatron_dpsched.baselines.breaks_cap`); ``None`` when that does
+    not bring every one under it."""
     batches = largest_differencing(ids, costs, count)
     tokens = [sum(sizes[i] for i in batch) for batch in batches]
     for _ in range(4 * len(ids) + 8):
-        over = next((b for b, batch in enumerate(batches) if len(batch) > 1 and tokens[b] > cap), None)
+        over = next((b for b, batch in enumerate(batches) if breaks_cap(batch, sizes, cap)), None)
         if over is None:
             return batches
         shortest = min(batches[over], key=lambda i: (sizes[i], i))
