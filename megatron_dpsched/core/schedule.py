@@ -48,7 +48,8 @@ Steps, for every optimizer step (each step's detail lives with the code it names
    (:mod:`~megatron_dpsched.core.objective`).
 
 Invariants (checked by :meth:`DPSchedule.check` for every accepted input; its errors start
-with ``invariant N:``):
+with ``invariant N:``; ``docs/guarantees.md`` lists them as written here, rewritten by
+``python tests/unit/test_stated_once.py --write``):
 
 1. Every rank runs the same ``num_microbatches[s]`` micro-batches in step ``s``.
 2. With ``max_tokens_per_gpu``, every micro-batch's collated size is at most ``C``, or the

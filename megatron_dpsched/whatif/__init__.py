@@ -5,6 +5,8 @@
 * :mod:`.report`: the side-by-side table and the JSON document.
 * :mod:`.plots`: PNGs of a step's per-rank load, the micro-batch sizes and the pipeline timeline.
 * :mod:`.sweep`: several token caps side by side (``--max-tokens-per-gpu A,B,...``) and the recommended one.
+* :mod:`.caps`: a sweep's figures per cap and the cap it recommends (what :mod:`.sweep` prints and
+  :mod:`.plots` draws).
 
 Pure Python except :mod:`.plots` (matplotlib, imported when called) and indexed datasets (megatron-core).
 """

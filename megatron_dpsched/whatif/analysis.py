@@ -39,6 +39,7 @@ from megatron_dpsched.core import (
 from megatron_dpsched.core.cost import CostFunction, sample_costs
 from megatron_dpsched.core.padding import pad_multiple_for, planned_sizes
 from megatron_dpsched.core.schedule import assemble_schedule
+from megatron_dpsched.options import NOMINAL_FLOPS_PER_GPU
 
 OURS = "dpsched"
 BASELINE_NAMES = ("megatron_fixed", "per_rank_first_fit")
@@ -59,7 +60,7 @@ class Simulation:
     layout it was measured on. ``None``: ``cost_model``'s FLOPs at ``flops_per_gpu`` x TP x CP."""
     tp_size: int = 1
     """Tensor-parallel ranks: they split every micro-batch's FLOPs (communication not modelled)."""
-    flops_per_gpu: float | None = 4e14
+    flops_per_gpu: float | None = NOMINAL_FLOPS_PER_GPU
     """FLOP/s one GPU achieves on this model; ``None`` with a measured ``step_time_model``."""
     seconds_per_microbatch: float = 0.0
     """Fixed forward cost of every micro-batch (launches, p2p hand-shakes); the measured model's own with one."""

@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from megatron_dpsched.whatif.analysis import LABELS, OURS, WhatIf, is_padded, rank_seconds, rank_timeline
+from megatron_dpsched.whatif.caps import RULE, CapResult, recommend
 from megatron_dpsched.whatif.report import layout_title, time_unit
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from megatron_dpsched.whatif.sweep import CapResult
 
 COLORS = {OURS: "tab:blue", "megatron_fixed": "tab:red", "per_rank_first_fit": "tab:green"}
 RANK_BARS = 32
@@ -214,8 +214,6 @@ def write_plots(report: WhatIf, directory: str, *, step: int) -> list[str]:
 def plot_sweep(results: Sequence[CapResult], *, title: str) -> Figure:
     """Per cap: simulated time, micro-batches, token fill and the largest collated micro-batch of
     dp-schedule and Megatron fixed (its micro-batch size written at each point); the recommended cap marked."""
-    from megatron_dpsched.whatif.sweep import RULE, recommend
-
     best = recommend(results)
     caps = [r.cap for r in results]
     slowest = max(max(r.ours.seconds, r.fixed.seconds) for r in results)

@@ -8,8 +8,8 @@ memory a cap costs) and samples longer than the cap; then Megatron fixed's figur
 micro-batch size: the largest Megatron accepts whose padded micro-batch of the longest sample fits the cap,
 see :func:`~megatron_dpsched.baselines.simple.fixed_micro_batch_size`) and dp-schedule's speedup over it.
 
-The recommended cap (:func:`recommend`): the fastest simulated total; of the caps within
-:data:`TIE_TOLERANCE` (1%) of it, the smallest, which needs the least memory.
+The recommended cap (:func:`~.caps.recommend`): the fastest simulated total; of the caps within
+:data:`~.caps.TIE_TOLERANCE` (1%) of it, the smallest, which needs the least memory.
 """
 
 from __future__ import annotations
@@ -20,17 +20,12 @@ import statistics
 import sys
 import textwrap
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 from megatron_dpsched.whatif.analysis import OURS, PlanWarning, WhatIf, is_padded, largest_collated
+from megatron_dpsched.whatif.caps import RULE, CapFigures, CapResult, recommend
 from megatron_dpsched.whatif.report import header_lines, layout_title
-
-TIE_TOLERANCE = 0.01
-"""Caps whose simulated total is within this share of the fastest count as equally fast."""
-
-RULE = ("recommended: the fastest simulated total; of caps within 1% of it, the smallest "
-        "(less memory per micro-batch)")
 
 COLUMNS = (
     "time: simulated forward-backward time summed over steps; step: the median step; mb: micro-batches per DP "
@@ -38,47 +33,6 @@ COLUMNS = (
     "micro-batch in tokens, padding included; over: samples longer than the cap; mbs: Megatron fixed's "
     "micro-batch size; speedup: Megatron fixed's time / dp-schedule's"
 )
-
-
-@dataclass(frozen=True, kw_only=True)
-class CapFigures:
-    """One strategy's figures over all steps at one cap."""
-
-    seconds: float
-    """Simulated forward-backward time summed over steps."""
-    median_step_seconds: float
-    """The median step's simulated time."""
-    median_micro_batches: float
-    """Micro-batches per DP rank in the median step."""
-    micro_batches: int
-    """Micro-batches per DP rank summed over steps."""
-    token_fill: float
-    """Real tokens that fit the cap / total capacity (micro-batches x DP x cap), over all steps."""
-    padding_share: float
-    """Padding / computed tokens, over all steps."""
-    largest_microbatch: int
-    """Tokens of the largest collated micro-batch, padding included."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class CapResult:
-    """dp-schedule and Megatron fixed at one cap."""
-
-    cap: int
-    """``max_tokens_per_gpu``."""
-    ours: CapFigures
-    """dp-schedule's figures."""
-    fixed: CapFigures
-    """Megatron fixed's figures."""
-    fixed_micro_batch_size: int
-    """The micro-batch size Megatron fixed uses at this cap."""
-    over_cap: int
-    """Samples longer than the cap (each runs alone in a micro-batch over it)."""
-
-    @property
-    def speedup(self) -> float:
-        """Megatron fixed's simulated total / dp-schedule's."""
-        return self.fixed.seconds / self.ours.seconds
 
 
 def strategy_figures(report: WhatIf, name: str) -> CapFigures:
@@ -101,12 +55,6 @@ def cap_result(report: WhatIf) -> CapResult:
     over = next((w.count for w in report.warnings if w.kind == "over_cap"), 0)
     return CapResult(cap=cap, ours=strategy_figures(report, OURS), fixed=strategy_figures(report, "megatron_fixed"),
                      fixed_micro_batch_size=report.fixed_micro_batch_size, over_cap=over)
-
-
-def recommend(results: Sequence[CapResult], *, tolerance: float = TIE_TOLERANCE) -> int:
-    """The cap to train with: the smallest of those within ``tolerance`` of the fastest simulated total."""
-    fastest = min(result.ours.seconds for result in results)
-    return min(result.cap for result in results if result.ours.seconds <= fastest * (1.0 + tolerance))
 
 
 def parse_caps(text: str) -> tuple[int, ...]:
@@ -199,5 +147,4 @@ def _title(report: WhatIf, caps: Sequence[int]) -> str:
     return f"{layout_title(report, caps=caps)}; {len(report.steps)} steps of {report.config.global_batch_size}"
 
 
-__all__ = ["CapFigures", "CapResult", "cap_result", "parse_caps", "recommend", "run_sweep", "sweep_json",
-           "sweep_lines"]
+__all__ = ["cap_result", "parse_caps", "run_sweep", "strategy_figures", "sweep_json", "sweep_lines"]

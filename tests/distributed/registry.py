@@ -6,11 +6,11 @@ tests import every such module)::
 
     @scenario(world_size=2, tags={"whole_batch"})
     def dp2() -> dict[str, Any]:                       # one scenario, named like the function
-        return run_training(Layout())
+        return run_training(FeedCase())
 
     @scenario(world_size=2, launch="layouts2", cases={"tp2": Layout(tp=2), "cp2_bshd": Layout(cp=2)})
     def train_layout(layout: Layout) -> dict[str, Any]:  # one scenario per case, run as train_layout(case)
-        return run_training(layout)
+        return run_training(FeedCase(layout=layout))
 
 A *launch* is one set of ``world_size`` processes that runs its scenarios one after another in the order
 they were declared (process start-up dominates, so scenarios share launches; ``launch`` defaults to

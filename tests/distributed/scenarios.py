@@ -12,7 +12,8 @@ the feed and from a loader resumed at Megatron's ``consumed_train_samples``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import harness
 import torch
@@ -171,41 +172,99 @@ def _evaluate_first_batch(model: Any, feed: Any) -> float | None:
     return float(losses["lm loss"]) if losses else None
 
 
-def run_training(layout: Layout, *, reference: bool = False, precomputed: bool = False,
-                 num_samples: int | None = None, make_feed: Callable[[Any, int], Any] | None = None,
-                 prefetch: bool = False, resume: bool = False) -> dict[str, Any]:
-    """Megatron's real ``train()`` (hence ``train_step``) for TRAIN_ITERS scheduled steps.
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FeedCase:
+    """One case of :func:`run_training`: the layout trained and how its feed is made."""
 
-    ``num_samples``: train on the first ``num_samples`` samples only (a short trailing step).
-    ``make_feed(args, num_chunks)``: the training feed (and, built afresh, the evaluation feed) instead of
-    the default ones (with ``reference``: the reference's).
-    ``prefetch``: the loader prepares each next step in its background thread. ``resume`` (a shipped
-    plan): Megatron's counters say step 0 was trained (as a checkpoint load sets them), and the feed
-    finds its first step from ``consumed_train_samples`` itself.
-    """
+    layout: Layout = field(default_factory=Layout)
+    """The parallel layout and Megatron flags."""
+    feed: Literal["loader", "shipped_plan", "whole_batch"] = "loader"
+    """``loader``: ``ScheduledDatasetLoader`` plans each step when Megatron asks for it; ``shipped_plan``: a
+    plan built ahead (JSON round trip) with an extra empty micro-batch per rank and step; ``whole_batch``: the
+    one-process reference, every step one micro-batch of all its samples (no plan is reported)."""
+    make_feed: Callable[[Any, int], Any] | None = None
+    """``make_feed(args, num_chunks)``: a ``feed`` of the scenario's own, for training and (built afresh) for
+    evaluation; ``None``: the default feed of that kind."""
+    num_samples: int | None = None
+    """A ``loader`` over the first ``num_samples`` samples only (a short trailing step); ``None``: all."""
+    prefetch: bool = False
+    """A ``loader`` that prepares each next step in its background thread."""
+    resume: bool = False
+    """A ``shipped_plan`` resumed after its step 0: Megatron's counters say step 0 was trained (as a checkpoint
+    load sets them), and the feed finds its first step from ``consumed_train_samples`` itself."""
+
+    def __post_init__(self) -> None:
+        assert self.feed == "loader" or (self.num_samples is None and not self.prefetch), self
+        assert self.feed == "shipped_plan" or not self.resume, self
+        assert self.make_feed is None or self.feed != "shipped_plan", self
+
+    @property
+    def checks_resume(self) -> bool:
+        """Whether the result also holds the next step from the feed and from a loader resumed at Megatron's
+        ``consumed_train_samples`` (the default loader over every sample)."""
+        return self.feed == "loader" and self.make_feed is None and self.num_samples is None and not self.prefetch
+
+
+def _training_feed(case: FeedCase, args: Any, *, num_chunks: int) -> Any:
+    if case.make_feed is not None:
+        return case.make_feed(args, num_chunks)
+    if case.feed == "whole_batch":
+        return WholeBatchFeed.build(TRAIN_ITERS)
+    if case.feed == "loader":
+        return _loader(args, num_chunks=num_chunks, num_samples=case.num_samples, prefetch=case.prefetch)
+    feed = _precomputed(args, num_chunks=num_chunks, resume=case.resume)
+    if case.resume:
+        args.iteration, args.consumed_train_samples = 1, feed.schedule.step_num_samples[0]
+    return feed
+
+
+def _evaluation_feed(case: FeedCase, args: Any, *, num_chunks: int) -> Any:
+    if case.make_feed is not None:
+        return case.make_feed(args, num_chunks)
+    return WholeBatchFeed.build(1) if case.feed == "whole_batch" else _loader(args, num_chunks=num_chunks)
+
+
+def _planned(case: FeedCase, args: Any, feed: Any, *, num_chunks: int) -> dict[str, Any]:
+    """What the feed planned for the trained steps (and, where the case checks it, the resumed next step)."""
+    if case.feed == "whole_batch":
+        return {}
+    if case.feed == "shipped_plan":
+        return {"plan_micro_batches": [feed.schedule.rank_step_micro_batches(feed.rank, s) for s in range(TRAIN_ITERS)],
+                "plan_num_samples": list(feed.schedule.step_num_samples)}
+    return _plans_and_resume(args, feed, num_chunks=num_chunks) if case.checks_resume else _plans(feed)
+
+
+def _ranks_and_hooks() -> dict[str, Any]:
+    """This process's ranks and how the training hooks were installed."""
     from megatron.core import parallel_state
+
+    return {
+        "dp_rank": parallel_state.get_data_parallel_rank(),
+        "pp_rank": parallel_state.get_pipeline_model_parallel_rank(),
+        "tp_rank": parallel_state.get_tensor_model_parallel_rank(),
+        "cp_rank": parallel_state.get_context_parallel_rank(),
+        "global_rank": torch.distributed.get_rank(),
+        "hook_mode": harness.hook_mode(),
+        "training_file": harness.training_file(),
+    }
+
+
+def run_training(case: FeedCase) -> dict[str, Any]:
+    """Megatron's real ``train()`` (hence ``train_step``) for TRAIN_ITERS steps of ``case``'s feed, then its
+    ``evaluate()`` over one step: what was trained, the weights and gradients, and what the feed planned."""
     from megatron.core.utils import get_model_config
     from megatron.training.global_vars import get_args
     from megatron.training.training import train
 
-    static = layout.static_micro_batch_size is not None
-    args = harness.parse_megatron_args(harness.base_argv(token_cap=not static) + layout.argv())
+    static = case.layout.static_micro_batch_size is not None
+    args = harness.parse_megatron_args(harness.base_argv(token_cap=not static) + case.layout.argv())
     harness.initialize(args)
     harness.install_hooks()
     try:
         model, optimizer, scheduler = harness.build_model_and_optimizer()
         params = harness.global_named_parameters(model)
         recorder = _GradRecorder(optimizer, params)
-        if make_feed is not None:
-            feed = make_feed(args, len(model))
-        elif reference:
-            feed = WholeBatchFeed.build(TRAIN_ITERS)
-        elif precomputed:
-            feed = _precomputed(args, num_chunks=len(model), resume=resume)
-            if resume:
-                args.iteration, args.consumed_train_samples = 1, feed.schedule.step_num_samples[0]
-        else:
-            feed = _loader(args, num_chunks=len(model), num_samples=num_samples, prefetch=prefetch)
+        feed = _training_feed(case, args, num_chunks=len(model))
         records: list[tuple[int, int, tuple[int, ...]]] = []
         positions: list[int] = []
         flops = _FlopsRecorder()
@@ -216,11 +275,7 @@ def run_training(layout: Layout, *, reference: bool = False, precomputed: bool =
             flops.remove()
         args = get_args()
         result = {
-            "dp_rank": parallel_state.get_data_parallel_rank(),
-            "pp_rank": parallel_state.get_pipeline_model_parallel_rank(),
-            "tp_rank": parallel_state.get_tensor_model_parallel_rank(),
-            "cp_rank": parallel_state.get_context_parallel_rank(),
-            "global_rank": torch.distributed.get_rank(),
+            **_ranks_and_hooks(),
             "records": records,
             "positions": positions,
             "flops_token_figures": flops.calls,
@@ -230,24 +285,9 @@ def run_training(layout: Layout, *, reference: bool = False, precomputed: bool =
             "consumed_train_samples": args.consumed_train_samples,
             "scheduler_num_steps": scheduler.num_steps,
             "iteration": args.curr_iteration,
-            "hook_mode": harness.hook_mode(),
-            "training_file": harness.training_file(),
+            "eval_loss": _evaluate_first_batch(model, _evaluation_feed(case, args, num_chunks=len(model))),
+            **_planned(case, args, feed, num_chunks=len(model)),
         }
-        if make_feed is not None:
-            eval_feed = make_feed(args, len(model))
-        else:
-            eval_feed = WholeBatchFeed.build(1) if reference else _loader(args, num_chunks=len(model))
-        result["eval_loss"] = _evaluate_first_batch(model, eval_feed)
-        if make_feed is not None:
-            result.update({} if reference else _plans(feed))
-        elif precomputed:
-            result["plan_micro_batches"] = [feed.schedule.rank_step_micro_batches(feed.rank, s)
-                                            for s in range(TRAIN_ITERS)]
-            result["plan_num_samples"] = list(feed.schedule.step_num_samples)
-        elif num_samples is not None or prefetch:
-            result.update(_plans(feed))
-        elif not reference:
-            result.update(_plans_and_resume(args, feed, num_chunks=len(model)))
         feed.close()
         return result
     finally:
@@ -287,37 +327,37 @@ PARTIAL_STEP_SAMPLES = (TRAIN_ITERS - 1) * GLOBAL_BATCH + 4
 @scenario(world_size=2, cases=LOADER_LAYOUTS, tags={"whole_batch", "resumes"})
 def train(layout: Layout) -> dict[str, Any]:
     """The loader feed plans each step when Megatron asks for it."""
-    return run_training(layout)
+    return run_training(FeedCase(layout=layout))
 
 
 @scenario(world_size=2, cases={"dp2_precomputed": Layout()}, tags={"whole_batch"})
 def train_shipped_plan(layout: Layout) -> dict[str, Any]:
     """A shipped plan (JSON round trip) with an extra empty micro-batch per rank and step."""
-    return run_training(layout, precomputed=True)
+    return run_training(FeedCase(layout=layout, feed="shipped_plan"))
 
 
 @scenario(world_size=2)
 def dp2_precomputed_resumed() -> dict[str, Any]:
     """The shipped plan, from a checkpoint of step 1 (Megatron's counters)."""
-    return run_training(Layout(), precomputed=True, resume=True)
+    return run_training(FeedCase(feed="shipped_plan", resume=True))
 
 
 @scenario(world_size=2)
 def dp2_prefetch() -> dict[str, Any]:
     """``dp2`` with the loader preparing each next step in its background thread."""
-    return run_training(Layout(), prefetch=True)
+    return run_training(FeedCase(prefetch=True))
 
 
 @scenario(world_size=2)
 def dp2_partial_step() -> dict[str, Any]:
     """A short trailing step (:data:`PARTIAL_STEP_SAMPLES`)."""
-    return run_training(Layout(), num_samples=PARTIAL_STEP_SAMPLES)
+    return run_training(FeedCase(num_samples=PARTIAL_STEP_SAMPLES))
 
 
 @scenario(world_size=1)
 def reference() -> dict[str, Any]:
     """One process, every step one micro-batch of all its samples."""
-    return run_training(Layout(), reference=True)
+    return run_training(FeedCase(feed="whole_batch"))
 
 
 @scenario(world_size=2)

@@ -11,7 +11,7 @@ from typing import Any
 
 from harness import Layout
 from registry import scenario
-from scenarios import run_training
+from scenarios import FeedCase, run_training
 
 ROPE = ("--position-embedding-type", "rope", "--no-rope-fusion")
 """Rotary embeddings (what packed-sequence models use); the fused kernel needs a GPU."""
@@ -39,7 +39,7 @@ LAYOUTS4: dict[str, Layout] = {"dp2_tp2": Layout(tp=2), "dp2_cp2_thd": Layout(cp
 @scenario(world_size=2, launch="layouts2", cases=LAYOUTS2, tags={"layout"})
 def train_layout(layout: Layout) -> dict[str, Any]:
     """Tag ``layout``: compared with the whole-batch reference of the same model flags."""
-    return run_training(layout)
+    return run_training(FeedCase(layout=layout))
 
 
 @scenario(world_size=1, launch="references", cases={"reference_rope": Layout(extra=ROPE),
@@ -47,4 +47,4 @@ def train_layout(layout: Layout) -> dict[str, Any]:
                                                     "reference_bf16": Layout(extra=("--bf16",))})
 def reference_layout(layout: Layout) -> dict[str, Any]:
     """One process, every step one micro-batch of all its samples, with ``layout``'s model flags."""
-    return run_training(layout, reference=True)
+    return run_training(FeedCase(layout=layout, feed="whole_batch"))

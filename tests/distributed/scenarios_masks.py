@@ -17,7 +17,7 @@ import harness
 import torch
 from harness import GLOBAL_BATCH, LENGTHS, TRAIN_ITERS, Layout
 from registry import scenario
-from scenarios import run_training
+from scenarios import FeedCase, run_training
 from scenarios_layouts import ROPE
 
 
@@ -119,10 +119,10 @@ MASKED_REFERENCES = {"masked_reference": Layout(), "masked_reference_rope": Layo
 @scenario(world_size=2, launch="masked2", cases=MASKED_LAYOUTS, tags={"masked"})
 def train_masked(layout: Layout) -> dict[str, Any]:
     """Tag ``masked``: the project's reader and collate on the masked corpus."""
-    return run_training(layout, make_feed=scheduled_feed)
+    return run_training(FeedCase(layout=layout, make_feed=scheduled_feed))
 
 
 @scenario(world_size=1, launch="masked1", cases=MASKED_REFERENCES)
 def reference_masked(layout: Layout) -> dict[str, Any]:
     """One process, every step one hand-made micro-batch of all its samples."""
-    return run_training(layout, reference=True, make_feed=reference_feed)
+    return run_training(FeedCase(layout=layout, feed="whole_batch", make_feed=reference_feed))

@@ -29,7 +29,7 @@ import harness
 import torch
 from harness import GLOBAL_BATCH, LENGTHS, TRAIN_ITERS, Layout
 from registry import scenario
-from scenarios import _GradRecorder, _loader, run_training
+from scenarios import FeedCase, _GradRecorder, _loader, run_training
 
 EXPERTS = ("--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "16", "--disable-bias-linear")
 """Routed experts (dropless); no linear biases: Megatron's ``SequentialMLP`` adds an expert's bias in place
@@ -206,10 +206,10 @@ def scheduled_vs_own_path(layout: Layout) -> dict[str, Any]:
 @scenario(world_size=2, launch="moe2", cases=MOE_LAYOUTS, tags={"moe"})
 def train_moe(layout: Layout) -> dict[str, Any]:
     """Tag ``moe``: compared with ``moe_reference``."""
-    return run_training(layout)
+    return run_training(FeedCase(layout=layout))
 
 
 @scenario(world_size=1, launch="moe_references")
 def moe_reference() -> dict[str, Any]:
     """One process, every step one micro-batch of all its samples, dropless top-2 of 4 experts."""
-    return run_training(Layout(extra=ALLTOALL), reference=True)
+    return run_training(FeedCase(layout=Layout(extra=ALLTOALL), feed="whole_batch"))

@@ -1,26 +1,20 @@
-"""Plans of the planner before step 7 chose orders and tail counts, recorded as digests of ``to_dict()``.
-
-``fixtures/plans_before_order.json`` was written by this module run on the code of ``main`` at
-452e471 (before the change), not by the code under test::
-
-    git archive 452e471 | tar -x -C /tmp/before
-    PYTHONPATH=/tmp/before python tests/unit/plans_before_order.py tests/unit/fixtures/plans_before_order.json
+"""Cases of the plans of the planner before step 7 chose orders and tail counts.
 
 Cases: the shipped length files, DP 8 and 64, caps 4096 and 16384, at PP=1 with a step-time model (no
 sample past the cap: step 7 must keep today's plan) and without one at PP=1 and PP=4 (steps 1-6 are
 unchanged).
+
+``fixtures/plans_before_order.json`` holds their digests (:mod:`plan_digests` writes and checks it). They were
+first recorded on the code before step 7 (452e471) and the planner of today reproduced every one of them
+before the record was regenerated from it.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import random
-import sys
 from pathlib import Path
 from typing import Any
 
-from megatron_dpsched import build_dp_schedule
 from megatron_dpsched.core import StepTimeModel
 
 SHIPPED = Path(__file__).resolve().parents[2] / "megatron_dpsched" / "data"
@@ -50,14 +44,3 @@ def cases() -> dict[str, tuple[list[int], dict[str, Any]]]:
                 for pp in (1, 4):
                     out[f"{name} dp={dp} cap={cap} PP={pp} default"] = (lengths, {**base, "pp_size": pp})
     return out
-
-
-def digest(lengths: list[int], kwargs: dict[str, Any]) -> str:
-    """SHA-256 of the plan's ``to_dict()`` as sorted JSON."""
-    schedule = build_dp_schedule(lengths, **kwargs)
-    return hashlib.sha256(json.dumps(schedule.to_dict(), sort_keys=True).encode()).hexdigest()
-
-
-if __name__ == "__main__":
-    recorded = {name: digest(lengths, kwargs) for name, (lengths, kwargs) in cases().items()}
-    Path(sys.argv[1]).write_text(json.dumps(recorded, indent=1, sort_keys=True) + "\n", encoding="utf-8")

@@ -1,29 +1,20 @@
-"""Plans of the planner before its hot paths moved to NumPy (issue 19, point 5), as digests of ``to_dict()``.
-
-``fixtures/plans_before_speed.json`` was written by this module run on the code of main at c69506b (after the
-tail reach and cost-equal packing, before the speed work was merged) with cost-equal packing's bound on ranks
-changed as in main since (``COST_EQUAL_SAMPLES``, a choice of the objective, not of the speed work) and step 7's
-screen of larger counts as in main since (``StepTimer.busiest`` also takes the ranks with the dearest sample;
-``_more_counts`` also times the screen's fastest count in full), not by the code under test::
-
-    git archive c69506b | tar -x -C /tmp/before   # then those two objective changes into core/objective.py
-    PYTHONPATH=/tmp/before python tests/unit/plans_before_speed.py tests/unit/fixtures/plans_before_speed.json
+"""Cases of the plans of the planner before its hot paths moved to NumPy (issue 19, point 5).
 
 The speed work must not change a plan, so the cases cover every path it touches: DP 1 to 64, caps from tight
 to loose, ``pad_multiple``, ``padded_rows``, static ``micro_batch_size``, ``balance`` cost / tokens / none,
 cost models that are not monotone in the length, groups, PP and VPP with and without a step-time model,
 ``balance_growth``, and lengths with many ties, all equal, a heavy tail past the cap and giants near it.
+
+``fixtures/plans_before_speed.json`` holds their digests (:mod:`plan_digests` writes and checks it). They were
+first recorded on the code before the speed work (c69506b) and the planner of today reproduced every one of
+them before the record was regenerated from it.
 """
 
 from __future__ import annotations
 
-import json
 import random
-import sys
 from pathlib import Path
 from typing import Any
-
-from plans_before_order import digest  # noqa: F401 - the one digest of a plan (the tests use it from here)
 
 from megatron_dpsched.core import StepTimeModel
 
@@ -121,8 +112,3 @@ def cases() -> dict[str, tuple[list[int], dict[str, Any]]]:
                 sets[set_name], {**base, "max_tokens_per_gpu": 16384, "pp_size": 4, "vpp_size": 2,
                                  "cost_model": workload, "step_time_model": _model(1.0)})
     return out
-
-
-if __name__ == "__main__":
-    recorded = {name: digest(lengths, kwargs) for name, (lengths, kwargs) in cases().items()}
-    Path(sys.argv[1]).write_text(json.dumps(recorded, indent=1, sort_keys=True) + "\n", encoding="utf-8")

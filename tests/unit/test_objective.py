@@ -8,7 +8,6 @@ import math
 import random
 from pathlib import Path
 
-import plans_before_order
 import pytest
 from assertions import assert_invariants
 from hypothesis import given, settings
@@ -327,15 +326,6 @@ def test_a_tail_past_the_cap_gets_the_best_count_at_pp1():
     assert fewest > 1.04 * best  # the first count that fits leaves the busiest rank far above the mean
     assert step_seconds(default, 0, model) <= 1.01 * best
     assert step_seconds(ours, 0, model) <= 1.01 * best
-
-
-@pytest.mark.parametrize("name", sorted(plans_before_order.cases()))
-def test_plans_without_a_tail_or_a_pipeline_are_unchanged(name):
-    """PP=1 with a step-time model and every plan without one: the plans of the code before step 7 chose
-    orders and tail counts (digests recorded by running that code, see :mod:`plans_before_order`)."""
-    recorded = json.loads((Path(__file__).parent / "fixtures" / "plans_before_order.json").read_text())
-    lengths, kwargs = plans_before_order.cases()[name]
-    assert plans_before_order.digest(lengths, kwargs) == recorded[name]
 
 
 def _workload(length: int) -> float:

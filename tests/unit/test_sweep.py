@@ -11,8 +11,9 @@ from megatron_dpsched import ScheduleConfig
 from megatron_dpsched.baselines import build_baseline_schedule
 from megatron_dpsched.baselines.simple import fixed_micro_batch_size
 from megatron_dpsched.cli import main
+from megatron_dpsched.whatif.caps import CapFigures, CapResult, recommend
 from megatron_dpsched.whatif.model import DEFAULT_MODEL
-from megatron_dpsched.whatif.sweep import CapFigures, CapResult, parse_caps, recommend
+from megatron_dpsched.whatif.sweep import parse_caps
 
 # dp 2, global batch 4: step 0 = 60 50 60 50, step 1 = 30 20 30 20 (no ragged step, nothing over a cap).
 LENGTHS = "60 50 60 50 30 20 30 20"
