@@ -75,7 +75,7 @@ from megatron_dpsched.megatron import (  # noqa: E402
 from megatron_dpsched.megatron.failures import debug_requested, exit_with_line, one_line_errors  # noqa: E402
 from megatron_dpsched.megatron.prechecks import check_before_megatron, check_training_data  # noqa: E402
 from megatron_dpsched.megatron.ranks import print_rank_0  # noqa: E402
-from megatron_dpsched.megatron.step_stats import StepRecorder, write_plan  # noqa: E402
+from megatron_dpsched.megatron.step_stats import StepRecorder, record_steps, write_plan  # noqa: E402
 from megatron_dpsched.options import exit_on_bad_flags  # noqa: E402
 
 DRY_RUN_FLAG = "--cpu-dry-run"
@@ -327,7 +327,6 @@ def _recording_forward(data_iterator: Any, model: torch.nn.Module, *, return_sch
 
 def install_recorder(args: argparse.Namespace) -> None:
     """``--step-stats-dir``: record per-step statistics (needs the model-parallel groups)."""
-    import megatron.training.training as training
     from megatron.core import parallel_state as mpu
 
     if not args.step_stats_dir or "recorder" in _state:
@@ -338,7 +337,7 @@ def install_recorder(args: argparse.Namespace) -> None:
              "vpp_size": args.virtual_pipeline_model_parallel_size or 1,
              "tp_size": mpu.get_tensor_model_parallel_world_size(), "cp_size": mpu.get_context_parallel_world_size()}
     _state["recorder"] = StepRecorder(args.step_stats_dir, rank=torch.distributed.get_rank(), ranks=ranks)
-    _state["recorder"].install(training)  # after setup_dp_schedule's enable(), which checks the original train_step
+    record_steps(_state["recorder"])  # the train_step row that setup_dp_schedule installed records from now on
 
 
 def record_plan(args: argparse.Namespace) -> None:

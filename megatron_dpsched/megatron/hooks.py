@@ -3,8 +3,8 @@
 Both integrations call exactly these functions, so they behave the same:
 
 * the monkey-patch (:func:`megatron_dpsched.megatron.patch.enable`) installs them
-  in place of seven names in ``megatron.training.training`` (the list is in
-  :mod:`~megatron_dpsched.megatron.patch`);
+  in place of names in ``megatron.training.training`` (one row per name in the registry
+  of :mod:`~megatron_dpsched.megatron.patch`);
 * the source patch (``patches/megatron_training_dpsched.patch``, applied with
   ``scripts/apply_megatron_patch.sh``) calls them explicitly from
   ``megatron/training/training.py``; each call line is marked ``# megatron-dpsched``.
@@ -43,6 +43,12 @@ The hooks:
 5. :func:`on_training_log` writes the plan's figures of the step just trained
    (TensorBoard / W&B under ``dp-schedule/``, and the text log), after ``training_log``.
 
+Three more wrap a function of Megatron's and are here for both integrations to call, though they
+live with what they check or record: :func:`with_job_checks` (``setup_model_and_optimizer``) and
+:func:`with_state_file` (``save_checkpoint``) from :mod:`~megatron_dpsched.megatron.job_checks`, on
+every job, with or without ``--dp-schedule``; :func:`with_step_stats` (``train_step``) from
+:mod:`~megatron_dpsched.megatron.step_stats`, which passes through unless a step recorder records.
+
 No plan is computed here: the plan comes from the data iterator's feed
 (:mod:`megatron_dpsched.megatron.feeds`).
 """
@@ -58,6 +64,9 @@ from megatron_dpsched.core.alignment import PipelineLayout
 from megatron_dpsched.megatron.agreement import agree_on_step, log_first_step
 from megatron_dpsched.megatron.feeds import StepBatches, StepFeed
 from megatron_dpsched.megatron.job_checks import check_resumed_step
+from megatron_dpsched.megatron.job_checks import with_job_checks as with_job_checks
+from megatron_dpsched.megatron.job_checks import with_state_file as with_state_file
+from megatron_dpsched.megatron.step_stats import with_step_stats as with_step_stats
 
 _GROUP_FLAG = "--microbatch-group-size-per-virtual-pipeline-stage"
 

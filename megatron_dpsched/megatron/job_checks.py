@@ -1,30 +1,32 @@
 """Every rank agrees on what the job is before the model is built; a resume knows what it resumes.
 
-:func:`install` (``setup_dp_schedule`` calls it on every rank, with or without ``--dp-schedule``)
-wraps two names in ``megatron.training.training``:
+Two hook functions wrap names of ``megatron.training.training``; they are rows of the patch registry
+(:mod:`~megatron_dpsched.megatron.patch`), installed on every job (``setup_dp_schedule`` on every rank, with
+or without ``--dp-schedule``), and the source patch wraps the same names with them:
 
-1. ``setup_model_and_optimizer``: first, every rank of the default process group agrees on the
-   :class:`~megatron_dpsched.job_identity.JobIdentity` of its arguments (:func:`identity_from_args`:
-   ``--dp-schedule`` on or off, the ``--dp-schedule-*`` options, the planner config, the data flags and
-   their files' sizes and checksums): one all-reduce of a vector of field digests with MAX (and of their
-   negatives), on the GPU with NCCL, on the host with gloo. A field that differs raises the same
-   ``ValueError`` on every rank, naming the field and the ranks of each value, before any model exists
-   (a rank without ``--dp-schedule`` fails as fast as the others instead of leaving them waiting in a
-   collective that it never joins). Then Megatron's function (which loads ``--load``); on a resume
-   with ``--dp-schedule`` the checkpoint's :data:`~megatron_dpsched.job_identity.STATE_FILE` is compared
-   with this job: a change of data or options raises ``ValueError`` naming it, unless
+1. :func:`with_job_checks` wraps ``setup_model_and_optimizer``: first, every rank of the default process
+   group agrees on the :class:`~megatron_dpsched.job_identity.JobIdentity` of its arguments
+   (:func:`identity_from_args`: ``--dp-schedule`` on or off, the ``--dp-schedule-*`` options, the planner
+   config, the data flags and their files' sizes and checksums): one all-reduce of a vector of field digests
+   with MAX (and of their negatives), on the GPU with NCCL, on the host with gloo. A field that differs
+   raises the same ``ValueError`` on every rank, naming the field and the ranks of each value, before any
+   model exists (a rank without ``--dp-schedule`` fails as fast as the others instead of leaving them
+   waiting in a collective that it never joins). Then Megatron's function (which loads ``--load``); on a
+   resume with ``--dp-schedule`` the checkpoint's :data:`~megatron_dpsched.job_identity.STATE_FILE` is
+   compared with this job: a change of data or options raises ``ValueError`` naming it, unless
    ``--dp-schedule-changed-resume allow``, which logs what changed.
-2. ``save_checkpoint``: after Megatron's save, global rank 0 writes the state file into the iteration
-   folder: the job identity and the fingerprint of the plan of the step that follows (which a
-   resume compares with the plan of its first step).
+2. :func:`with_state_file` wraps ``save_checkpoint``: after Megatron's save, global rank 0 writes the
+   state file into the iteration folder: the job identity and the fingerprint of the plan of the step
+   that follows (which a resume compares with the plan of its first step).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
+import functools
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -52,9 +54,6 @@ from megatron_dpsched.megatron.arguments import DPScheduleOptions, schedule_kwar
 from megatron_dpsched.megatron.feeds import ScheduledDatasetLoader, StepBatches, StepFeed
 from megatron_dpsched.megatron.ranks import global_rank, print_rank_0
 
-_TARGET = "megatron.training.training"
-_WRAPPED = {"setup_model_and_optimizer": "pretrain", "save_checkpoint": "save_checkpoint_and_time"}
-"""Name -> the function of Megatron's training module that calls it by that name."""
 DATA_FLAGS = ("data_path", "train_data_path", "valid_data_path", "test_data_path", "split", "data_args_path",
               "per_split_data_args_path", "mock_data")
 """Megatron's arguments that say which data the job reads."""
@@ -62,32 +61,41 @@ RUN_TIME_OPTIONS = ("verify", "prefetch", "over_cap", "changed_resume")
 """``DPScheduleOptions`` fields that change how a step runs, not what it trains (a resume may change them)."""
 ALLOW_FLAG = "--dp-schedule-changed-resume allow"
 
-_originals: dict[str, Any] = {}
 _state: dict[str, Any] = {}
 """``identity``: this job's, once agreed; ``resume``: what a checked resume expects of its first step."""
 
 
-def install() -> None:
-    """Wrap ``setup_model_and_optimizer`` and ``save_checkpoint`` (idempotent)."""
-    if _originals:
-        return
-    module = importlib.import_module(_TARGET)
-    for name, caller in _WRAPPED.items():
-        code = getattr(getattr(module, caller, None), "__code__", None)
-        if not callable(getattr(module, name, None)) or code is None or name not in code.co_names:
-            raise RuntimeError(f"dp-schedule: {_TARGET}.{caller} no longer calls {name}; unsupported Megatron version")
-    for name, wrapper in (("setup_model_and_optimizer", _setup_model_and_optimizer),
-                          ("save_checkpoint", _save_checkpoint)):
-        _originals[name] = getattr(module, name)
-        setattr(module, name, wrapper)
+def with_job_checks(setup_model_and_optimizer: Callable[..., Any]) -> Callable[..., Any]:
+    """Megatron's ``setup_model_and_optimizer`` after every rank agrees on the job, then the resume check."""
+
+    @functools.wraps(setup_model_and_optimizer)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        from megatron.training.global_vars import get_args
+
+        identity = agree_on_this_job(get_args())
+        result = setup_model_and_optimizer(*args, **kwargs)
+        check_resume(get_args(), identity)
+        return result
+
+    return checked
 
 
-def uninstall() -> None:
-    """Put Megatron's functions back (idempotent)."""
-    module = importlib.import_module(_TARGET)
-    for name, original in _originals.items():
-        setattr(module, name, original)
-    _originals.clear()
+def with_state_file(save_checkpoint: Callable[..., Any]) -> Callable[..., Any]:
+    """Megatron's ``save_checkpoint``, then the checkpoint's state file (:func:`write_state`)."""
+
+    @functools.wraps(save_checkpoint)
+    def save(*args: Any, **kwargs: Any) -> Any:
+        result = save_checkpoint(*args, **kwargs)
+        iteration = args[0] if args else kwargs["iteration"]
+        if not (kwargs.get("non_persistent_ckpt") or kwargs.get("release")):
+            write_state(iteration, train_data_iterator=kwargs.get("train_data_iterator"))
+        return result
+
+    return save
+
+
+def reset() -> None:
+    """Forget this job's identity and any pending resume check (the patch registry's ``disable()``)."""
     _state.clear()
 
 
@@ -140,31 +148,19 @@ def agree_on_job(identity: JobIdentity) -> None:
     raise ValueError(disagreement_message(held))
 
 
-def _setup_model_and_optimizer(*args: Any, **kwargs: Any) -> Any:
-    from megatron.training.global_vars import get_args
-
-    megatron_args = get_args()
+def agree_on_this_job(args: Any) -> JobIdentity:
+    """:func:`agree_on_job` on the identity of Megatron's ``args``, remembered for :func:`write_state`."""
     started = time.perf_counter()
-    identity = identity_from_args(megatron_args)
+    identity = identity_from_args(args)
     agree_on_job(identity)
     _state["identity"] = identity
-    if getattr(megatron_args, "dp_schedule", False):
+    if getattr(args, "dp_schedule", False):
         print_rank_0(f"dp-schedule: every rank agrees on the job ({', '.join(FIELDS)}) "
                       f"in {(time.perf_counter() - started) * 1e3:.1f} ms")
-    result = _originals["setup_model_and_optimizer"](*args, **kwargs)
-    check_resume(megatron_args, identity)
-    return result
+    return identity
 
 
 # --- 2. what a checkpoint remembers, and what a resume compares ---------------------------------
-
-
-def _save_checkpoint(*args: Any, **kwargs: Any) -> Any:
-    result = _originals["save_checkpoint"](*args, **kwargs)
-    iteration = args[0] if args else kwargs["iteration"]
-    if not (kwargs.get("non_persistent_ckpt") or kwargs.get("release")):
-        write_state(iteration, train_data_iterator=kwargs.get("train_data_iterator"))
-    return result
 
 
 def write_state(iteration: int, *, train_data_iterator: Any) -> None:

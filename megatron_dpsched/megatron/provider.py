@@ -56,18 +56,15 @@ def setup_dp_schedule(args: Any) -> None:
     (:func:`~megatron_dpsched.megatron.prechecks.keep_checkpoint_rng_layout`).
     """
     validate_dp_schedule_args(args)
-    from megatron_dpsched.megatron import job_checks
+    from megatron_dpsched.megatron import patch
 
-    job_checks.install()
+    patch.enable(dp_schedule=bool(getattr(args, "dp_schedule", False)))  # the job checks always, hooks with the flag
     if not getattr(args, "dp_schedule", False):
         return
     keep_checkpoint_rng_layout(args)  # a checkpoint saved without per-rank RNG states stays loadable
     if getattr(args, "dp_schedule_dataloader_type", None) is None:
         args.dp_schedule_dataloader_type = dataloader_semantics(args.dataloader_type)
     args.dataloader_type = "external"  # Megatron hands the feed's iterators through; the feed samples
-    from megatron_dpsched.megatron.patch import enable
-
-    enable()
 
 
 def dataloader_semantics(dataloader_type: str | None) -> str:

@@ -1,9 +1,10 @@
 """Per-step, per-rank statistics of a Megatron training run, measured while it trains.
 
 :class:`StepRecorder` sees every micro-batch a rank's forward step reads (``on_batch``)
-and wraps ``megatron.training.training.train_step`` (:meth:`install`, after
-``patch.enable()``), so each optimizer step writes one JSON line to
-``<dir>/rank<global rank>.jsonl``::
+and, once :func:`record_steps` hands it to the hook :func:`with_step_stats` (which wraps
+``megatron.training.training.train_step``: a row of the patch registry, :mod:`~megatron_dpsched.megatron.patch`,
+installed on every job; without a recorder it calls ``train_step`` as it is), each optimizer step writes
+one JSON line to ``<dir>/rank<global rank>.jsonl``::
 
     {"step", "rank", "dp_rank", "pp_rank", "tp_rank", "dp_size", "pp_size", "vpp_size", "tp_size", "cp_size",
      "iteration", "consumed_samples", "fingerprint", "micro_batches", "samples", "tokens", "padded_tokens",
@@ -46,6 +47,7 @@ stores, next to them, what the planner gives for the same steps when asked again
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -82,27 +84,19 @@ class StepRecorder:
         if ids is not None:
             self._ids.append([int(i) for i in ids.tolist()])
 
-    def install(self, module: Any) -> None:
-        """Wrap ``module.train_step`` (call after ``patch.enable()``, which checks the original)."""
-        module.train_step = self.wrap(module.train_step)
+    def timed_step(self, train_step: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """``train_step(*args, **kwargs)``, timed with its ``forward_backward_func``; writes the step's line."""
+        from megatron.training.global_vars import get_args
 
-    def wrap(self, train_step: Callable[..., Any]) -> Callable[..., Any]:
-        """``train_step`` that times the step and its ``forward_backward_func``, and records its loss and LR."""
-
-        def timed_train_step(*args: Any, **kwargs: Any) -> Any:
-            from megatron.training.global_vars import get_args
-
-            optimizer = kwargs.get("optimizer", args[3] if len(args) > 3 else None)
-            position = {"iteration": get_args().curr_iteration, "consumed_samples": get_args().consumed_train_samples}
-            lr = _learning_rate(optimizer)
-            args, kwargs = self._with_timed_forward_backward(args, kwargs)
-            start = time.perf_counter()
-            result = train_step(*args, **kwargs)
-            _synchronize()  # the step's kernels are part of its time
-            self.write_step(time.perf_counter() - start, result[0], lr, position=position)
-            return result
-
-        return timed_train_step
+        optimizer = kwargs.get("optimizer", args[3] if len(args) > 3 else None)
+        position = {"iteration": get_args().curr_iteration, "consumed_samples": get_args().consumed_train_samples}
+        lr = _learning_rate(optimizer)
+        args, kwargs = self._with_timed_forward_backward(args, kwargs)
+        start = time.perf_counter()
+        result = train_step(*args, **kwargs)
+        _synchronize()  # the step's kernels are part of its time
+        self.write_step(time.perf_counter() - start, result[0], lr, position=position)
+        return result
 
     def _with_timed_forward_backward(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -202,6 +196,28 @@ class StepRecorder:
             figures |= {f"forward_backward{clock}_s": total, f"grad_sync{clock}_s": None if total is None else sync,
                         f"compute{clock}_s": None if total is None else total - sync}
         return figures
+
+
+_recorder: StepRecorder | None = None
+"""The recorder :func:`with_step_stats` writes to (:func:`record_steps`)."""
+
+
+def record_steps(recorder: StepRecorder | None) -> None:
+    """Have every ``train_step`` from now on timed and written by ``recorder`` (``None``: no more)."""
+    global _recorder
+    _recorder = recorder
+
+
+def with_step_stats(train_step: Callable[..., Any]) -> Callable[..., Any]:
+    """Megatron's ``train_step``, timed and written by the recorder of :func:`record_steps` (as it is without one)."""
+
+    @functools.wraps(train_step)
+    def step(*args: Any, **kwargs: Any) -> Any:
+        if _recorder is None:
+            return train_step(*args, **kwargs)
+        return _recorder.timed_step(train_step, args, kwargs)
+
+    return step
 
 
 def micro_batch_lengths(batch: Mapping[str, Any]) -> tuple[list[int], list[int]]:

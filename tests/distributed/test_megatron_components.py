@@ -220,7 +220,8 @@ def test_megatron_parse_args_accepts_the_flags() -> None:
 def test_enable_disable_are_idempotent_and_restore_the_originals() -> None:
     import megatron.training.training as training
 
-    originals = {name: getattr(training, name) for name in patch._PATCHED}
+    patch.disable()
+    originals = {row.name: getattr(training, row.name) for row in patch.LOOPS[patch.MEGATRON_LM]}
     patch.enable()
     patch.enable()
     assert all(getattr(training, name) is not originals[name] for name in originals)
@@ -400,6 +401,7 @@ def test_setup_dp_schedule_does_nothing_without_the_flag() -> None:
     args.dp_schedule = False
     setup_dp_schedule(args)
     assert args.dataloader_type == "single" and not patch.is_enabled()
+    assert patch.installed() == ("setup_model_and_optimizer", "save_checkpoint", "train_step")  # every job's rows
 
 
 def test_setup_dp_schedule_validates_then_hooks_in() -> None:

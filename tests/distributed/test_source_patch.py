@@ -2,12 +2,16 @@
 
 * the patch applies to the pristine installed ``megatron/training/training.py``,
   ``scripts/apply_megatron_patch.sh`` refuses to apply it twice and reverts it exactly;
-* every changed line calls a hook of :mod:`megatron_dpsched.megatron.hooks` and is marked;
+* every changed line calls a hook of :mod:`megatron_dpsched.megatron.hooks` and is marked, and the
+  hooks it calls are those of every row of the patch registry (:mod:`megatron_dpsched.megatron.patch`);
 * the hooks pass through with ``--dp-schedule`` off;
 * Megatron's real ``train()`` with the patched ``training.py`` first on ``PYTHONPATH`` and
   monkey-patching off (``DPSCHED_HOOK_MODE=source``) gives the same micro-batches,
   gradients, weights, LR steps and consumed samples as the monkey-patch, and matches the
-  whole-batch reference.
+  whole-batch reference;
+* a job of the GPT entry point (save a checkpoint, resume it with other data allowed) logs the same
+  job-check lines, writes the same checkpoint state file and records the same steps with the patched
+  ``training.py`` (where ``enable()`` installs nothing) as with the monkey-patch.
 """
 
 from __future__ import annotations
@@ -17,17 +21,23 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import types
 from pathlib import Path
 
 import pytest
 import torch
+from entry import corpus_rows, errors, tiny_gpt_argv, torchrun
 from harness import GLOBAL_BATCH, HOOK_MODE_ENV, PATCHED_MEGATRON_ENV, TRAIN_ITERS
 from registry import REPO, LaunchResults
 from scenarios import PARTIAL_STEP_SAMPLES
 from train_checks import assert_close, merged
 
+from megatron_dpsched.data import write_token_jsonl
+from megatron_dpsched.job_identity import FIELDS
 from megatron_dpsched.megatron import hooks
+from megatron_dpsched.megatron.patch import LOOPS, MEGATRON_LM
+from megatron_dpsched.megatron.step_stats import load_step_records
 
 pytestmark = pytest.mark.distributed
 
@@ -93,9 +103,17 @@ def test_every_changed_line_is_a_marked_hook_call() -> None:
     assert added and all(line.rstrip().endswith(MARK) and "dpsched_hooks" in line for line in added)
     assert all("get_num_microbatches()" in line for line in removed)
     called = set(re.findall(r"dpsched_hooks\.(\w+)\(", PATCH.read_text()))
-    assert called == {"forward_backward_func", "num_microbatches", "on_update_num_microbatches", "microbatches_run",
-                      "on_training_log"}
+    assert called == {name for row in LOOPS[MEGATRON_LM] for name in row.calls}, "the patch must carry every row"
     assert all(callable(getattr(hooks, name)) for name in called)
+
+
+def test_the_source_wraps_each_name_the_registry_wraps_with_the_same_hook() -> None:
+    """A row whose replacement is a hook itself (the job checks, the step recorder) is rebound in the source."""
+    rebound = dict(re.findall(r"^\+(\w+) = dpsched_hooks\.(\w+)\(\1\)  " + MARK, PATCH.read_text(), re.M))
+    wrapped = {row.name: row.make.__name__ for row in LOOPS[MEGATRON_LM] if getattr(hooks, row.make.__name__, None)
+               is row.make}
+    assert rebound == wrapped == {"save_checkpoint": "with_state_file", "setup_model_and_optimizer": "with_job_checks",
+                                  "train_step": "with_step_stats"}
 
 
 def test_applying_twice_is_refused_and_reverse_restores_the_original(patched_megatron: Path,
@@ -212,3 +230,73 @@ def test_a_short_trailing_step_advances_lr_and_consumed_samples_by_its_samples(s
     for result in results:
         assert result["plan_num_samples"] == [GLOBAL_BATCH] * (TRAIN_ITERS - 1) + [4]
         assert result["consumed_train_samples"] == result["scheduler_num_steps"] == PARTIAL_STEP_SAMPLES
+
+
+# --- a job of the entry point, each way in ----------------------------------------------------
+
+
+JOB_CHECK_LINES = ("every rank agrees on the job", "resuming iteration", "the checkpoint (",
+                   "a checkpoint saved without --dp-schedule")
+"""What the job checks log (:mod:`megatron_dpsched.megatron.job_checks`)."""
+STEP_FIGURES = ("iteration", "consumed_samples", "micro_batch_ids", "fingerprint", "loss", "lr", "tokens")
+
+
+def _job_check_lines(log: str, checkpoint: Path) -> list[str]:
+    """The job checks' lines of ``log``, the timing and the checkpoint's folder masked."""
+    lines = [line[line.index("dp-schedule:"):] for line in log.splitlines()
+             if "dp-schedule:" in line and any(words in line for words in JOB_CHECK_LINES)]
+    return [re.sub(r"in \d+\.\d ms", "in <t> ms", line).replace(str(checkpoint), "<checkpoint>") for line in lines]
+
+
+def _job(folder: Path, corpora: tuple[Path, Path], env: dict[str, str]) -> dict[str, object]:
+    """Save at iteration 2 of 4 on the first corpus, then resume on the second (allowed): the job checks' lines,
+    the checkpoint's state file and the step records of both runs."""
+    checkpoint, stats = folder / "checkpoint", folder / "stats"
+    argv = [*tiny_gpt_argv(), "--split", "100,0,0", "--global-batch-size", "8", "--train-iters", "4", "--lr", "1e-3",
+            "--eval-iters", "0", "--dp-schedule", "--dp-schedule-max-tokens-per-gpu", "48"]
+    runs = [["--data-path", str(corpora[0]), "--save", str(checkpoint), "--save-interval", "2", "--exit-interval",
+             "2", "--step-stats-dir", str(stats / "saved")],
+            ["--data-path", str(corpora[1]), "--load", str(checkpoint), "--dp-schedule-changed-resume", "allow",
+             "--step-stats-dir", str(stats / "resumed")]]
+    lines = []
+    with pytest.MonkeyPatch.context() as patcher:
+        for name, value in env.items():
+            patcher.setenv(name, value)
+        for extra in runs:
+            proc = torchrun([*argv, *extra], nproc=2)
+            assert proc.returncode == 0, errors(proc.stdout + proc.stderr)
+            lines.append(_job_check_lines(proc.stdout + proc.stderr, checkpoint))
+    records = [[{key: record[key] for key in STEP_FIGURES} for record in load_step_records(stats / run)]
+               for run in ("saved", "resumed")]
+    state = checkpoint / "iter_0000002" / "dp_schedule_state.json"
+    return {"lines": lines, "state": state.read_text() if state.exists() else None, "records": records}
+
+
+def _imported_training(env: dict[str, str]) -> str:
+    """Which ``training.py`` a process with ``env`` imports, and whether it carries the source patch."""
+    code = ("import megatron.training.training as t; from megatron_dpsched.megatron import patch; "
+            "patch.enable(); print(t.__file__, patch.is_source_patched(t), patch.installed())")
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **env})
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def test_a_job_checks_the_same_with_the_source_patch_as_with_the_monkey_patch(
+        patched_megatron: Path, tmp_path: Path) -> None:
+    corpora = (write_token_jsonl(tmp_path / "first.jsonl", corpus_rows(48)),
+               write_token_jsonl(tmp_path / "second.jsonl", corpus_rows(48)[::-1]))
+    python_path = os.pathsep.join(p for p in (str(patched_megatron), os.environ.get("PYTHONPATH", "")) if p)
+    source_env = {HOOK_MODE_ENV: "source", "PYTHONPATH": python_path}
+    patched_file = patched_megatron / "megatron" / "training" / "training.py"
+    assert _imported_training(source_env) == f"{patched_file} True ()", "the source way in installs nothing"
+    assert _imported_training({}).split()[1] == "False"
+    source = _job(tmp_path / "source", corpora, source_env)
+    monkey = _job(tmp_path / "monkey", corpora, {HOOK_MODE_ENV: "monkey"})
+    saved, resumed = monkey["lines"]
+    assert saved == [f"dp-schedule: every rank agrees on the job ({', '.join(FIELDS)}) in <t> ms"], saved
+    assert resumed[0] == saved[0] and resumed[1].startswith(
+        "dp-schedule: WARNING: resuming iteration 2 of <checkpoint> with changes"), resumed
+    assert source["lines"] == monkey["lines"]
+    assert source["state"] == monkey["state"] and monkey["state"] is not None
+    assert source["records"] == monkey["records"] and all(monkey["records"]), "the step recorder records either way"
