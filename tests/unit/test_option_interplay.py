@@ -1,4 +1,4 @@
-"""Every option acts or is refused: the table's ``needs`` rules, finite numbers, training's flags checked before
+"""Every option acts or is refused: the fields' ``needs`` rules, finite numbers, training's flags checked before
 Megatron parses them (:func:`check_argv`), and the what-if tool's refusals (no torch)."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import pytest
 
 from megatron_dpsched.cli import MAX_PARALLEL, build_parser, main
 from megatron_dpsched.options import (
-    BY_STEM,
+    BY_NAME,
     GIVEN,
     OPTIONS,
     PLAN_PREFIX,
-    TRAINING_PREFIX,
+    DPScheduleOptions,
     OptionError,
     Setting,
     check_argv,
@@ -29,8 +29,9 @@ NUMBERS = [option for option in OPTIONS if option.kind is not str]
 
 
 def _setting(given: dict[str, object], *, pp_size: int = 1, has_model: bool = True) -> Setting:
-    values = {option.stem: given.get(option.stem, option.default) for option in OPTIONS}
-    return Setting(given=frozenset(given), values=values, pp_size=pp_size, has_model=has_model)
+    names = {stem.replace("-", "_"): value for stem, value in given.items()}
+    return Setting(options=DPScheduleOptions(enabled=True, **names), given=frozenset(names), pp_size=pp_size,
+                   has_model=has_model)
 
 
 # (given options, pp size, the option refused, the other flag its error names); None: every given option acts
@@ -75,18 +76,18 @@ def test_a_given_option_that_would_not_act_is_refused_naming_it_and_the_deciding
 def test_options_without_a_rule_act_under_any_flags() -> None:
     free = {"max-tokens-per-gpu": 64, "balance": "none", "objective": "micro-batches", "microbatch-order":
             "pipeline", "collate-format": "bshd", "verify": "strict", "prefetch": "off"}
-    assert all(BY_STEM[stem].needs is None for stem in free)
+    assert all(BY_NAME[stem.replace("-", "_")].needs is None for stem in free)
     for pp_size in (1, 4):
         check_setting(_setting(free, pp_size=pp_size))
         check_setting(_setting({stem: value for stem, value in free.items() if stem != "max-tokens-per-gpu"}))
 
 
 def test_the_what_if_tool_times_every_step_so_the_step_time_options_always_act_there() -> None:
-    values = {option.stem: option.default for option in OPTIONS}
-    setting = Setting(given=frozenset({"microbatch-overhead-ms", "cost-model"}), values={**values, "balance":
-                      "tokens"}, prefix=PLAN_PREFIX, pp_flag="--pp-size", times_every_step=True)
+    setting = Setting(options=DPScheduleOptions(balance="tokens"), given=frozenset({"microbatch_overhead_ms",
+                      "cost_model"}), prefix=PLAN_PREFIX, pp_flag="--pp-size", times_every_step=True)
     check_setting(setting)
-    capped = Setting(given=frozenset({"cap-counts"}), values=values, prefix=PLAN_PREFIX, times_every_step=True)
+    capped = Setting(options=DPScheduleOptions(), given=frozenset({"cap_counts"}), prefix=PLAN_PREFIX,
+                     times_every_step=True)
     with pytest.raises(OptionError, match="^--cap-counts has no effect without --max-tokens-per-gpu "):
         check_setting(capped)
 
@@ -106,7 +107,7 @@ def test_the_docs_say_when_each_option_acts() -> None:
         (row,) = [line for line in page.splitlines() if line.startswith(f"| `{option.flag}` |")]
         assert ("refused otherwise" in row) == (option.needs is not None), option.stem
         if option.needs is not None:
-            assert option.needs_text.format(p=TRAINING_PREFIX) in row
+            assert option.needs_text in row
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -181,8 +182,8 @@ LAYOUT = ["--dp-size", "2", "--global-batch-size", "4"]
 
 def test_plan_records_which_options_were_given() -> None:
     args = build_parser().parse_args(["plan", "x", *LAYOUT, "--max-tokens-per-gpu", "9", "--balance", "cost"])
-    assert getattr(args, GIVEN) == {"max-tokens-per-gpu", "balance"}
-    assert args.balance_growth == BY_STEM["balance-growth"].default
+    assert getattr(args, GIVEN) == {"max_tokens_per_gpu", "balance"}
+    assert args.balance_growth == BY_NAME["balance_growth"].default
 
 
 @pytest.mark.parametrize(("extra", "message"), [
