@@ -473,7 +473,7 @@ def config_flags(*, prefix: str = TRAINING_PREFIX) -> dict[str, str]:
 @dataclass(frozen=True, kw_only=True)
 class Setting:
     """What decides whether an option acts: the options and the few layout facts the rules read, from training's
-    flags (:func:`megatron_dpsched.megatron.checks.setting_from_args`, :func:`check_argv`) or the what-if tool's."""
+    flags (:meth:`from_args`, :func:`check_argv`) or the what-if tool's."""
 
     options: DPScheduleOptions
     """Every option's value: the given one, else the default."""
@@ -490,6 +490,14 @@ class Setting:
     times_every_step: bool = False
     """The what-if tool: it times every step of every strategy with the step-time figures, whatever the
     objective, so the step-time options always act there."""
+
+    @classmethod
+    def from_args(cls, args: Any) -> Setting:
+        """The setting of Megatron's ``args`` (the options given are those not ``None``)."""
+        given = frozenset(option.name for option in OPTIONS if getattr(args, option.attribute, None) is not None)
+        return cls(options=DPScheduleOptions.from_args(args), given=given,
+                   pp_size=getattr(args, "pipeline_model_parallel_size", 1) or 1,
+                   has_model=getattr(args, "hidden_size", None) is not None or "cost_model" in given)
 
     def flag(self, name: str) -> str:
         """Option ``name``'s flag in this tool."""

@@ -135,7 +135,7 @@ def validate_dp_schedule_args(args: Any) -> None:
         _refuse_options_without_dp_schedule(args)
         return
     options.check()
-    check_setting(setting_from_args(args))
+    check_setting(Setting.from_args(args))
     _check_token_cap(options, args)
     _check_pipeline_layout(args)
     _refuse_conflicts(args)
@@ -144,15 +144,6 @@ def validate_dp_schedule_args(args: Any) -> None:
     cost_model_file_from_args(options)  # a bad file fails here, before any model is built
     schedule_config_from_args(args, data_parallel_size=getattr(args, "data_parallel_size", None) or 1)
     adjust_args_for_schedule(args)
-
-
-def setting_from_args(args: Any) -> Setting:
-    """What decides whether each given option acts (:class:`~megatron_dpsched.options.Setting`), from Megatron's
-    ``args``."""
-    given = frozenset(option.name for option in OPTIONS if getattr(args, option.attribute, None) is not None)
-    return Setting(options=DPScheduleOptions.from_args(args), given=given,
-                   pp_size=getattr(args, "pipeline_model_parallel_size", 1) or 1,
-                   has_model=getattr(args, "hidden_size", None) is not None or "cost_model" in given)
 
 
 def _refuse_options_without_dp_schedule(args: Any) -> None:

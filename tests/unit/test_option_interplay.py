@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from megatron_dpsched import options
 from megatron_dpsched.cli import MAX_PARALLEL, build_parser, main
 from megatron_dpsched.options import (
     BY_NAME,
@@ -18,10 +19,7 @@ from megatron_dpsched.options import (
     DPScheduleOptions,
     OptionError,
     Setting,
-    check_argv,
     check_setting,
-    exit_on_bad_flags,
-    markdown,
 )
 
 CAP = ["--dp-schedule-max-tokens-per-gpu", "64"]
@@ -102,7 +100,7 @@ def test_every_number_is_finite_and_in_range_on_both_sides(option) -> None:
 
 
 def test_the_docs_say_when_each_option_acts() -> None:
-    page = markdown()
+    page = options.markdown()
     for option in OPTIONS:
         (row,) = [line for line in page.splitlines() if line.startswith(f"| `{option.flag}` |")]
         assert ("refused otherwise" in row) == (option.needs is not None), option.stem
@@ -130,7 +128,7 @@ def test_the_docs_say_when_each_option_acts() -> None:
 ])
 def test_check_argv_refuses_our_bad_flags_in_one_line(argv, message) -> None:
     with pytest.raises(OptionError) as raised:
-        check_argv(argv)
+        options.check_argv(argv)
     assert message in str(raised.value) and "\n" not in str(raised.value)
     assert raised.value.option.startswith("--dp-schedule")
 
@@ -146,17 +144,17 @@ def test_check_argv_refuses_our_bad_flags_in_one_line(argv, message) -> None:
     ["--dp-schedule", *CAP, "--yaml-cfg", "run.yaml", "--dp-schedule-microbatch-overhead-ms", "3"],
 ])
 def test_check_argv_leaves_megatron_flags_and_acting_options_alone(argv) -> None:
-    check_argv(argv)
+    options.check_argv(argv)
 
 
 def test_exit_on_bad_flags_prints_one_line_and_exits_2(capsys) -> None:
     with pytest.raises(SystemExit) as stop:
-        exit_on_bad_flags(["--dp-schedule", "--dp-schedule-verify", "loud"], prog="train.py")
+        options.exit_on_bad_flags(["--dp-schedule", "--dp-schedule-verify", "loud"], prog="train.py")
     assert stop.value.code == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("\n") == 1
     assert captured.err.startswith("train.py: error: argument --dp-schedule-verify: invalid choice: 'loud'")
-    exit_on_bad_flags(["--dp-schedule", "--dp-schedule-verify", "check"], prog="train.py")
+    options.exit_on_bad_flags(["--dp-schedule", "--dp-schedule-verify", "check"], prog="train.py")
 
 
 # --- the what-if tool --------------------------------------------------------------------------------------
