@@ -24,19 +24,17 @@ from megatron_dpsched.core.cost import CostModelFile
 from megatron_dpsched.core.padding import pad_multiple_for
 from megatron_dpsched.core.validation import MAX_TOKENS, ArgumentError
 from megatron_dpsched.options import (
-    BY_STEM,
+    BY_NAME,
     GIVEN,
     NOMINAL_FLOPS_PER_GPU,
-    OPTIONS,
     PLAN_PREFIX,
     Setting,
     add_options,
     add_plan_options,
     check_setting,
-    option_for_field,
-    planned_padding,
+    config_flags,
+    plan_options,
     resolve_collate_format,
-    resolve_objective,
 )
 from megatron_dpsched.whatif.analysis import (
     BASELINE_NAMES,
@@ -124,12 +122,12 @@ GREATER_THAN_ZERO = _number(float, minimum=0.0, strict=True)
 
 
 def _caps(text: str) -> tuple[int, ...]:
-    """``--max-tokens-per-gpu``: one cap, or several separated by commas (a sweep); each in the table's range."""
-    row = BY_STEM["max-tokens-per-gpu"]
+    """``--max-tokens-per-gpu``: one cap, or several separated by commas (a sweep); each in the option's range."""
+    option = BY_NAME["max_tokens_per_gpu"]
     if "," not in text:
-        return (row.parse(text),)
+        return (option.parse(text),)
     try:
-        return tuple(row.parse(str(cap)) for cap in parse_caps(text))
+        return tuple(option.parse(str(cap)) for cap in parse_caps(text))
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
 
@@ -139,9 +137,9 @@ def _add_layout(plan: argparse.ArgumentParser) -> None:
     group.add_argument("--dp-size", type=PARALLEL, required=True, help="data-parallel ranks")
     group.add_argument("--global-batch-size", type=POSITIVE, required=True, help="samples per optimizer step")
     batching = group.add_mutually_exclusive_group(required=True)
-    (caps,) = add_options(batching, prefix=PLAN_PREFIX, options=[BY_STEM["max-tokens-per-gpu"]],
+    (caps,) = add_options(batching, prefix=PLAN_PREFIX, options=[BY_NAME["max_tokens_per_gpu"]],
                           unset_defaults=False)
-    caps.type = _caps  # the table's row; several caps, comma-separated, compare them (a sweep)
+    caps.type = _caps  # the option's; several caps, comma-separated, compare them (a sweep)
     caps.help += " Several caps (4096,8192,16384) compare the caps and recommend one."
     batching.add_argument("--micro-batch-size", type=POSITIVE,
                           help="static batching: samples per micro-batch (no baselines to compare with)")
@@ -161,7 +159,7 @@ def _add_planning(plan: argparse.ArgumentParser) -> None:
     group = plan.add_argument_group(
         "planning", "dp-schedule's options: training's --dp-schedule-<name> options, with the same defaults and "
                     "values (docs/options.md); Megatron fixed's micro-batches are always padded rows")
-    add_plan_options(group, skip=("max-tokens-per-gpu",))
+    add_plan_options(group, skip=("max_tokens_per_gpu",))
     group.add_argument("--drop-last", action="store_true",
                        help="drop a trailing partial step (its samples are listed in a warning)")
 
@@ -251,13 +249,15 @@ def _add_calibrate(commands: argparse._SubParsersAction) -> None:
 _LAYOUT_FLAGS = {"dp_size": "--dp-size", "global_batch_size": "--global-batch-size",
                  "micro_batch_size": "--micro-batch-size", "cp_size": "--cp-size", "pp_size": "--pp-size",
                  "vpp_size": "--vpp-size", "microbatch_group_size_per_vp_stage": "--microbatch-group-size-per-vp-stage"}
-"""Planner arguments set by the layout flags (the others are the option table's, as ``--<stem>``)."""
+"""Planner arguments set by the layout flags."""
+ARGUMENT_FLAGS = {**config_flags(prefix=PLAN_PREFIX), **_LAYOUT_FLAGS}
+"""Planner argument (``ArgumentError.argument``) -> the flag of this tool that sets it: a mirrored option
+(``--<stem>``, from the option fields' metadata) or a layout flag."""
 
 
 def _flag_error(error: ArgumentError) -> ValueError:
     """The planner's error about one of its arguments, headed by the flag that set it."""
-    option = option_for_field(error.argument)
-    flag = option.flag_in(PLAN_PREFIX) if option is not None and option.mirrored else _LAYOUT_FLAGS.get(error.argument)
+    flag = ARGUMENT_FLAGS.get(error.argument)
     return ValueError(f"{flag}: {error}" if flag else str(error))
 
 
@@ -265,8 +265,7 @@ def _check_options(args: argparse.Namespace) -> None:
     """Refuse a given option that would not act (training's rule, :func:`~megatron_dpsched.options.check_setting`;
     the step-time options always act here, the tool times every step) and a token cap ``--max-tokens-per-gpu x
     --cp-size`` over :data:`~megatron_dpsched.core.validation.MAX_TOKENS`."""
-    values = {option.stem: getattr(args, option.name, option.default) for option in OPTIONS}
-    check_setting(Setting(given=getattr(args, GIVEN, frozenset()), values=values, pp_size=args.pp_size,
+    check_setting(Setting(options=plan_options(args), given=getattr(args, GIVEN, frozenset()), pp_size=args.pp_size,
                           prefix=PLAN_PREFIX, pp_flag="--pp-size", times_every_step=True))
     if args.max_tokens_per_gpu is not None and args.max_tokens_per_gpu * args.cp_size > MAX_TOKENS:
         raise ValueError(f"--cp-size {args.cp_size}: the token cap --max-tokens-per-gpu x --cp-size = "
@@ -276,8 +275,7 @@ def _check_options(args: argparse.Namespace) -> None:
 def _resolve(args: argparse.Namespace) -> argparse.Namespace:
     """The defaults that depend on the run, resolved by training's rules (:mod:`megatron_dpsched.options`)."""
     args.collate_format = resolve_collate_format(args.collate_format)
-    args.objective = resolve_objective(args.objective, pp_size=args.pp_size, token_cap=args.max_tokens_per_gpu
-                                       is not None, balance=args.balance, has_model=True)
+    args.objective = plan_options(args).resolve_objective(pp_size=args.pp_size, has_model=True)
     return args
 
 
@@ -318,8 +316,7 @@ def _timing_flag(args: argparse.Namespace) -> str:
 def _planned_sizes(args: argparse.Namespace) -> dict[str, object]:
     """What the cap bounds, as in training (``--cap-counts``): each sample rounded up to the layout's multiple,
     and with ``bshd`` rows x the longest row."""
-    return planned_padding(cap_counts=args.cap_counts, token_cap=args.max_tokens_per_gpu is not None,
-                           pad_multiple=_pad_multiple(args), collate_format=args.collate_format)
+    return plan_options(args).planned_padding(pad_multiple=_pad_multiple(args), collate_format=args.collate_format)
 
 
 def _pad_multiple(args: argparse.Namespace) -> int:

@@ -1,52 +1,73 @@
-"""Every ``--dp-schedule*`` option, declared once (standard library and the pure core only, no torch).
+"""Every ``--dp-schedule*`` option, written once as a field of :class:`DPScheduleOptions` (no torch).
 
-Each :class:`Option` row gives the flag's stem, type, default, range or choices, help text, which planner or
-feed field it sets and whether the ``megatron-dpsched plan`` what-if tool mirrors it. Generated from the table:
+Standard library and the pure core only: the what-if tool imports it.
 
-* training's flags: ``--dp-schedule-<stem>`` (:func:`megatron_dpsched.megatron.arguments.add_dp_schedule_args`),
-  their defaults (``OPTION_DEFAULTS``), range checks and the ``ScheduleConfig`` built from them;
-* the what-if tool's mirrored flags: ``--<stem>``, same default, range and choices (:func:`add_plan_options`);
+A field is an option: its name (``balance_growth``; training's flag ``--dp-schedule-balance-growth``, the
+attribute ``args.dp_schedule_balance_growth``), its type (a ``Literal`` lists the choices), its default, its help
+(the docstring under it, in training's flag names) and the facts :func:`option` puts in its metadata (range,
+when it acts, whether the what-if tool mirrors it, whether it only changes how a step runs, what it sets).
+Generated from the fields (:data:`OPTIONS`, one :class:`Option` per field):
+
+* training's flags ``--dp-schedule-<stem>`` (:func:`add_options`, which
+  :func:`megatron_dpsched.megatron.arguments.add_dp_schedule_args` calls), their range checks
+  (:meth:`DPScheduleOptions.check`) and the refusal of options that would not act (:func:`check_setting`);
+* the what-if tool's mirrored flags ``--<stem>``: same default, range and choices, the help with the mirrored
+  flags renamed (:func:`add_plan_options`);
+* the flag behind a planner argument (:func:`config_flags`) and the job identity's option fields;
 * ``docs/options.md``: ``python -m megatron_dpsched.options --markdown > docs/options.md``.
 
-Defaults that depend on the run (the objective, the collate format) are resolved by one rule each, used by
-both sides: :func:`resolve_objective`, :func:`resolve_collate_format`, :func:`planned_padding`.
+Defaults that depend on the run are resolved by one rule each, used by both sides:
+:meth:`DPScheduleOptions.resolve_objective`, :func:`resolve_collate_format`, :meth:`DPScheduleOptions.planned_padding`.
+:func:`check_argv` checks training's flags before Megatron parses them (``megatron_dpsched.megatron.checks``
+re-exports it with the other checks).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import dataclasses
 import difflib
+import functools
 import importlib.util
 import math
+import re
 import sys
+import types
+import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, NoReturn
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, NoReturn
 
-from megatron_dpsched.core.config import BALANCE_MODES
-from megatron_dpsched.core.ordering import MICROBATCH_ORDERS
+from megatron_dpsched.core.config import ScheduleConfig
 from megatron_dpsched.core.validation import MAX_TOKENS
 
 TRAINING_PREFIX = "--dp-schedule-"
 """Training's flags: ``--dp-schedule-<stem>``."""
 PLAN_PREFIX = "--"
 """The what-if tool's mirrored flags: ``--<stem>``."""
-
-VERIFY_LEVELS = ("off", "check", "strict")
-COLLATE_FORMATS = ("bshd", "thd")
-OBJECTIVES = ("step-time", "micro-batches")
-CAP_COUNTS = ("padded", "tokens")
-OVER_CAP = ("allow", "warn", "refuse")
-SWITCH = ("on", "off")
-ORDERS = ("auto", *MICROBATCH_ORDERS)
+ATTRIBUTE_PREFIX = "dp_schedule_"
+"""An option's attribute in Megatron's ``args``: ``dp_schedule_<name>``."""
 
 NOMINAL_FLOPS_PER_GPU = 4e14
 """Sustained FLOP/s of one GPU assumed by the step-time objective (training) and the what-if tool's default
 ``--flops-per-gpu``: with the cost model it turns FLOPs into seconds."""
 
-SWITCH_HELP = ("Plan each step's micro-batches globally across data-parallel ranks (variable micro-batch count "
-               "per step, per-token loss). The other --dp-schedule-* flags need it.")
-"""Help of ``--dp-schedule`` itself, the switch the other options configure."""
+Balance = Literal["cost", "tokens", "none"]
+"""What the planner balances (the core's ``BALANCE_MODES``)."""
+Objective = Literal["step-time", "micro-batches"]
+MicrobatchOrder = Literal["auto", "pipeline", "none"]
+"""``auto`` and the core's ``MICROBATCH_ORDERS``."""
+CollateFormat = Literal["bshd", "thd"]
+CapCounts = Literal["padded", "tokens"]
+VerifyLevel = Literal["off", "check", "strict"]
+Switch = Literal["on", "off"]
+OverCapPolicy = Literal["allow", "warn", "refuse"]
+ChangedResume = Literal["refuse", "allow"]
+
+COLLATE_FORMATS: tuple[str, ...] = typing.get_args(CollateFormat)
+"""The micro-batch layouts collate builds."""
 
 
 class OptionError(ValueError):
@@ -57,24 +78,10 @@ class OptionError(ValueError):
         self.option = option
 
 
-@dataclass(frozen=True, kw_only=True)
-class Option:
-    """One ``--dp-schedule-<stem>`` option."""
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OptionFacts:
+    """What a field's metadata says about its option (written with :func:`option`)."""
 
-    stem: str
-    """Flag name after ``--dp-schedule-`` in training and after ``--`` in the what-if tool."""
-    help: str
-    """Help text; ``{p}`` stands for the flag prefix of the parser it is shown in (``--dp-schedule-`` or ``--``)."""
-    sets: tuple[str, ...]
-    """The planner or feed fields it sets (``ScheduleConfig.balance``); errors about them name this option."""
-    kind: type = str
-    """Value type: ``int``, ``float`` or ``str``."""
-    default: Any = None
-    """Value when it is not given; ``None``: unset, or resolved from the run (see ``default_text``)."""
-    default_text: str = ""
-    """How the docs state the default when ``default`` alone does not say it."""
-    choices: tuple[str, ...] | None = None
-    """Allowed values, or ``None``."""
     minimum: float | None = None
     """Smallest allowed value of a number."""
     maximum: float | None = None
@@ -83,35 +90,263 @@ class Option:
     """Placeholder in ``--help``."""
     mirrored: bool = False
     """Whether the ``plan`` what-if tool has it too (as ``--<stem>``, same default, range and choices)."""
+    run_time: bool = False
+    """It changes how a step runs, not what it trains: a resume may change it (the job identity keeps it apart)."""
     needs: Callable[[Setting], str | None] | None = None
     """When the option acts: given the other flags (a :class:`Setting`), why it would not (``"without
     --dp-schedule-max-tokens-per-gpu"``, naming the flag that decides), or ``None`` when it acts; ``None``:
     it always acts. A given option that would not act is refused (:func:`check_setting`)."""
     needs_text: str = ""
-    """When it acts, for the docs (``"with {p}max-tokens-per-gpu"``); set with ``needs``."""
+    """When it acts, for the docs (``"with --dp-schedule-max-tokens-per-gpu"``); set with ``needs``."""
+    default_text: str = ""
+    """How the docs state the default when the default alone does not say it."""
+    config: tuple[str, ...] = ()
+    """The :class:`~megatron_dpsched.core.config.ScheduleConfig` fields it sets: the planner's errors about them
+    name this option (:func:`config_flags`)."""
+    sets: tuple[str, ...] = ()
+    """What else it sets (``ScheduledDatasetLoader.verify``), for the docs."""
+
+
+FACTS = "dp_schedule_option"
+"""The metadata key of a field's :class:`OptionFacts`."""
+
+
+def option(default: Any = None, **facts: Any) -> Any:
+    """A :class:`DPScheduleOptions` field with ``default`` and the :class:`OptionFacts` ``facts``."""
+    return field(default=default, metadata={FACTS: OptionFacts(**facts)})
+
+
+# --- when an option acts ----------------------------------------------------------------------------------------
+
+
+def _needs_token_cap(setting: Setting) -> str | None:
+    if setting.options.max_tokens_per_gpu is not None:
+        return None
+    return f"without {setting.flag('max_tokens_per_gpu')} (static batching: no token cap)"
+
+
+def _why_not_step_time(setting: Setting) -> str | None:
+    """The flag that makes the objective ``micro-batches`` (``"--pipeline-model-parallel-size 1"``); ``None``
+    for ``step-time``."""
+    options = setting.options
+    if setting.objective == "step-time":
+        return None
+    if "objective" in setting.given:
+        return f"{setting.flag('objective')} micro-batches"
+    if options.max_tokens_per_gpu is None:
+        return f"no {setting.flag('max_tokens_per_gpu')}"
+    if options.balance == "none":
+        return f"{setting.flag('balance')} none"
+    return f"{setting.pp_flag} 1" if setting.pp_size == 1 else "no --hidden-size"
+
+
+def _needs_step_time_objective(setting: Setting) -> str | None:
+    if setting.times_every_step:
+        return None
+    if "cost_model" in setting.given:
+        return (f"with {setting.flag('cost_model')}, whose step-time model has its own measured seconds per "
+                "micro-batch")
+    cause = _why_not_step_time(setting)
+    return None if cause is None else (f"with the micro-batches objective ({cause}): it times micro-batches for "
+                                       "the step-time objective only")
+
+
+def _needs_cost_balance_or_step_time(setting: Setting) -> str | None:
+    if setting.times_every_step or setting.options.balance == "cost":
+        return None
+    cause = _why_not_step_time(setting)
+    if cause is None:
+        return None
+    balance = f"{setting.flag('balance')} {setting.options.balance}"
+    objective = "the micro-batches objective" + ("" if cause == balance else f" ({cause})")
+    return f"with {balance} and {objective}: it acts with balance cost or the step-time objective"
+
+
+_EVERY_STEP = "(the what-if tool: always, it times every step)"
+
+
+# --- the options ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DPScheduleOptions:
+    """The ``--dp-schedule*`` flags: ``enabled`` (``--dp-schedule``) and one field per ``--dp-schedule-<stem>``
+    option (``docs/options.md``); read from Megatron's ``args`` with :meth:`from_args` (unset ones hold the
+    default). The docstring under each field is its help text."""
+
+    enabled: bool = False
+    """Plan each step's micro-batches globally across data-parallel ranks (variable micro-batch count per step,
+    per-token loss). The other --dp-schedule-* flags need it."""
+    max_tokens_per_gpu: int | None = option(minimum=1, maximum=MAX_TOKENS, metavar="CAP", mirrored=True,
+                                            config=("max_tokens_per_gpu",), default_text="unset (static batching)")
+    """Dynamic batching: at most this many tokens per micro-batch per GPU (x CP per data-parallel rank). Unset:
+    static batching with --micro-batch-size."""
+    balance: Balance = option("cost", mirrored=True, config=("balance",))
+    """What the planner balances across data-parallel ranks: a FLOPs model of the GPT (cost; dense, GQA, SwiGLU, MoE
+    and MLA from the model flags, or the --dp-schedule-cost-model file's measured cost), raw token counts (tokens)
+    or nothing (none)."""
+    balance_growth: float = option(0.0, minimum=0.0, maximum=10.0, metavar="F", mirrored=True,
+                                   config=("balance_growth",), needs=_needs_token_cap,
+                                   needs_text="with --dp-schedule-max-tokens-per-gpu")
+    """With --dp-schedule-max-tokens-per-gpu: share (0 to 10) of extra micro-batches per step the planner may spend
+    to balance ranks when the token cap keeps them apart (heavy tails at high fill); 0: no more than one global
+    packing needs, unless the busiest rank stays over 5% above max(mean rank, dearest sample) (a tail past the cap):
+    then up to one sample per micro-batch on the fullest rank. With the step-time objective it caps the extra
+    micro-batches that objective adds."""
+    objective: Objective | None = option(
+        mirrored=True, config=("step_time_model",),
+        default_text="step-time with PP > 1, a token cap and balance cost or tokens, else micro-batches")
+    """step-time: per step, the micro-batch count (and packing) with the smallest simulated step time of Megatron's
+    pipeline schedule, from the cost model at a nominal 400 TFLOP/s per GPU plus
+    --dp-schedule-microbatch-overhead-ms per micro-batch; needs --dp-schedule-max-tokens-per-gpu and balance cost or
+    tokens. micro-batches: the fewest micro-batches that balance the ranks."""
+    microbatch_overhead_ms: float = option(
+        2.0, minimum=0.0, maximum=1e6, metavar="MS", mirrored=True, sets=("StepTimeModel.seconds_per_microbatch",),
+        needs=_needs_step_time_objective,
+        needs_text=f"with the step-time objective and no --dp-schedule-cost-model {_EVERY_STEP}")
+    """Step-time objective: fixed forward milliseconds of every micro-batch over the whole model (kernel launches,
+    pipeline hand-offs)."""
+    cost_model: str | None = option(
+        metavar="FILE", mirrored=True, sets=("CostModelFile",), default_text="unset",
+        needs=_needs_cost_balance_or_step_time,
+        needs_text=f"with --dp-schedule-balance cost or the step-time objective {_EVERY_STEP}")
+    """A cost-model file written by 'megatron-dpsched calibrate' (measured seconds per token, per sum of squared
+    lengths and per micro-batch): balance cost balances its per-sample cost instead of the FLOPs model, and the
+    step-time objective uses its step-time model instead of the nominal FLOP/s and
+    --dp-schedule-microbatch-overhead-ms."""
+    microbatch_order: MicrobatchOrder = option("auto", mirrored=True, config=("microbatch_order",))
+    """Micro-batch order within a step: pipeline (cheap micro-batches at both ends), none, or auto (pipeline
+    when PP > 1)."""
+    collate_format: CollateFormat | None = option(
+        mirrored=True, sets=("CollateConfig.format",), config=("padded_rows",),
+        default_text="thd when Transformer Engine is installed (and --transformer-impl is transformer_engine, "
+                     "Megatron's default), else bshd")
+    """Micro-batch layout: packed sequences with cu_seqlens (thd: no padding; needs an attention backend that takes
+    packed sequences: Transformer Engine, or a --spec layer spec) or padded rows (bshd: any attention backend; rows
+    are padded to the micro-batch's longest sample, which the token cap counts: rows x longest, see
+    --dp-schedule-cap-counts)."""
+    cap_counts: CapCounts = option("padded", mirrored=True, config=("pad_multiple", "padded_rows"),
+                                   needs=_needs_token_cap, needs_text="with --dp-schedule-max-tokens-per-gpu")
+    """What --dp-schedule-max-tokens-per-gpu bounds. padded: the collated micro-batch, what memory and compute see:
+    every sequence rounded up to the multiple the layout pads to (2 x CP, times TP with --sequence-parallel, and a
+    multiple of 16 with --fp8-format, 32 with --fp8-recipe mxfp8 or --fp4-format), and with the bshd layout the row
+    count times the longest row. tokens: real tokens only (the collated tensor can exceed the cap; bshd by several
+    times)."""
+    verify: VerifyLevel = option("off", run_time=True, sets=("ScheduledDatasetLoader.verify",))
+    """check: run schedule.check() every step; strict: also verify every model chunk consumed exactly the planned
+    micro-batches. Sample lengths and the plan's agreement across ranks are always checked."""
+    prefetch: Switch = option("on", run_time=True, sets=("ScheduledDatasetLoader.prefetch",))
+    """on: plan and collate the next step in one background thread while the current step trains (at most one step
+    ahead; errors are raised on the training thread when their micro-batch is due); off: both on the training
+    thread. Results are the same either way."""
+    over_cap: OverCapPolicy = option("warn", run_time=True, sets=("build_feed's over-cap check",),
+                                     needs=_needs_token_cap, needs_text="with --dp-schedule-max-tokens-per-gpu")
+    """A sample longer than the token cap (its planned size: what --dp-schedule-cap-counts counts) trains alone in a
+    micro-batch over the cap, which may not fit in memory. allow: say nothing; warn: one warning per dataset before
+    training (rank 0) with the count, the longest and the first ids; refuse: stop before training naming them. Every
+    step's log line and TensorBoard scalars count them either way."""
+    changed_resume: ChangedResume = option("refuse", run_time=True, sets=("job_checks.check_resume",))
+    """A resume (--load) whose data or --dp-schedule options differ from what the checkpoint was saved with (its
+    dp_schedule_state.json): refuse: stop before training naming each change; allow: log the changes as a warning
+    and train on."""
+
+    @classmethod
+    def from_args(cls, args: Any) -> DPScheduleOptions:
+        """The options in Megatron's ``args`` (``dp_schedule`` and ``dp_schedule_<name>``; unset ones, ``None``,
+        take the default)."""
+        given = {option.name: getattr(args, option.attribute, None) for option in OPTIONS}
+        return cls(enabled=bool(getattr(args, "dp_schedule", False)),
+                   **{name: value for name, value in given.items() if value is not None})
+
+    def option_values(self, *, run_time: bool) -> dict[str, Any]:
+        """The options' values by name: those that only change how a step runs (``run_time``; a resume may
+        change them), or those that change what it trains."""
+        return {option.name: getattr(self, option.name) for option in OPTIONS if option.run_time == run_time}
+
+    def check(self) -> None:
+        """Every value against its option's range or choices: :class:`OptionError` naming training's flag."""
+        for option in OPTIONS:
+            value = getattr(self, option.name)
+            if value is not None or option.default is not None:
+                option.check(value)
 
     @property
-    def name(self) -> str:
-        """``balance-growth`` -> ``balance_growth`` (the what-if tool's ``dest``)."""
-        return self.stem.replace("-", "_")
+    def counts_padding(self) -> bool:
+        """Whether the plan counts collate's padding against the cap: a token cap and ``cap_counts`` padded."""
+        BY_NAME["cap_counts"].check(self.cap_counts)
+        return self.max_tokens_per_gpu is not None and self.cap_counts == "padded"
+
+    def resolve_objective(self, *, pp_size: int, has_model: bool) -> str:
+        """The objective given, or by default ``step-time`` with PP > 1, a token cap, balance ``cost`` or
+        ``tokens`` and a model to time (where more micro-batches can shrink pipeline bubbles)."""
+        if self.objective is not None:
+            return self.objective
+        timed = pp_size > 1 and self.max_tokens_per_gpu is not None and self.balance != "none" and has_model
+        return "step-time" if timed else "micro-batches"
+
+    def planned_padding(self, *, pad_multiple: int, collate_format: str) -> dict[str, Any]:
+        """``ScheduleConfig``'s ``pad_multiple`` and ``padded_rows``: the layout's multiple, and padded rows with
+        ``bshd``, when the cap counts padding (:attr:`counts_padding`); else ``1`` and ``False``."""
+        if not self.counts_padding:
+            return {"pad_multiple": 1, "padded_rows": False}
+        return {"pad_multiple": pad_multiple, "padded_rows": collate_format == "bshd"}
+
+
+def resolve_collate_format(collate_format: str | None, *, transformer_impl: str = "transformer_engine") -> str:
+    """The layout given, or by default ``thd`` where the attention backend takes packed sequences (Transformer
+    Engine installed and ``--transformer-impl transformer_engine``, Megatron's default), else ``bshd``."""
+    if collate_format is not None:
+        return collate_format
+    engine = transformer_impl == "transformer_engine"
+    return "thd" if engine and importlib.util.find_spec("transformer_engine") is not None else "bshd"
+
+
+# --- each field as an option --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Option(OptionFacts):
+    """One ``--dp-schedule-<stem>`` option: a field of :class:`DPScheduleOptions` with its facts."""
+
+    name: str
+    """The field: ``balance_growth``."""
+    kind: type
+    """Value type: ``int``, ``float`` or ``str``."""
+    default: Any
+    """Value when it is not given; ``None``: unset, or resolved from the run (see ``default_text``)."""
+    choices: tuple[str, ...] | None
+    """Allowed values (the field's ``Literal``), or ``None``."""
+    help: str
+    """Help text in training's flag names (the field's docstring)."""
+
+    @property
+    def stem(self) -> str:
+        """``balance-growth``: the flag after ``--dp-schedule-`` (training) or ``--`` (the what-if tool)."""
+        return self.name.replace("_", "-")
 
     @property
     def attribute(self) -> str:
         """Attribute in Megatron's ``args``: ``dp_schedule_balance_growth``."""
-        return "dp_schedule_" + self.name
+        return ATTRIBUTE_PREFIX + self.name
 
     @property
     def flag(self) -> str:
         """Training's flag: ``--dp-schedule-balance-growth``."""
         return TRAINING_PREFIX + self.stem
 
+    @property
+    def targets(self) -> tuple[str, ...]:
+        """What it sets, for the docs: ``sets`` and ``ScheduleConfig.<field>`` of each of ``config``."""
+        return (*self.sets, *(f"ScheduleConfig.{name}" for name in self.config))
+
     def flag_in(self, prefix: str) -> str:
         """The flag with ``prefix`` (:data:`TRAINING_PREFIX` or :data:`PLAN_PREFIX`)."""
         return prefix + self.stem
 
     def help_in(self, prefix: str) -> str:
-        """The help text with the flag names of the parser that shows it."""
-        return self.help.format(p=prefix)
+        """The help text with the flag names of the parser that shows it (mirrored flags as ``--<stem>`` in the
+        what-if tool)."""
+        return self.help if prefix == TRAINING_PREFIX else in_plan_terms(self.help)
 
     def problem(self, value: Any) -> str | None:
         """What is wrong with ``value`` (``"must be between 0 and 10"``), or ``None``."""
@@ -151,22 +386,99 @@ class Option:
             raise argparse.ArgumentTypeError(f"{problem}, got {text!r}")
         return value
 
+    @property
+    def default_shown(self) -> str:
+        """The default as the docs and ``--help`` state it."""
+        if self.default_text:
+            return self.default_text
+        return f"{self.default:g}" if isinstance(self.default, float) else str(self.default)
+
 
 def _number(value: float) -> str:
     """``2147483647``, ``0``, ``0.5``: whole numbers without exponent or decimal point."""
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
+@functools.cache
+def field_docstrings(cls: type) -> dict[str, str]:
+    """The docstring under each field of the dataclass ``cls``, read from its source (once), on one line."""
+    tree = ast.parse(Path(sys.modules[cls.__module__].__file__ or "").read_text(encoding="utf-8"))
+    (node,) = [node for node in ast.walk(tree) if isinstance(node, ast.ClassDef) and node.name == cls.__name__]
+    docs = {}
+    for statement, following in zip(node.body, node.body[1:]):
+        if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name) \
+                and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant):
+            docs[statement.target.id] = " ".join(str(following.value.value).split())
+    return docs
+
+
+def _kind_and_choices(hint: Any) -> tuple[type, tuple[str, ...] | None]:
+    """``int | None`` -> ``(int, None)``; ``Literal["a", "b"] | None`` -> ``(str, ("a", "b"))``."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        (hint,) = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+    if typing.get_origin(hint) is Literal:
+        return str, typing.get_args(hint)
+    return hint, None
+
+
+def _options() -> tuple[Option, ...]:
+    hints = typing.get_type_hints(DPScheduleOptions)
+    docs = field_docstrings(DPScheduleOptions)
+    found = []
+    for entry in dataclasses.fields(DPScheduleOptions):
+        if FACTS not in entry.metadata:
+            continue  # enabled: the switch
+        facts = entry.metadata[FACTS]
+        kind, choices = _kind_and_choices(hints[entry.name])
+        found.append(Option(name=entry.name, kind=kind, default=entry.default, choices=choices, help=docs[entry.name],
+                            **{fact.name: getattr(facts, fact.name) for fact in dataclasses.fields(OptionFacts)}))
+    return tuple(found)
+
+
+OPTIONS: tuple[Option, ...] = _options()
+"""The ``--dp-schedule-*`` options, one per field of :class:`DPScheduleOptions` but ``enabled``, in field order."""
+BY_NAME: Mapping[str, Option] = {option.name: option for option in OPTIONS}
+"""The options by field name."""
+SWITCH_HELP = field_docstrings(DPScheduleOptions)["enabled"]
+"""Help of ``--dp-schedule`` itself, the switch the other options configure."""
+
+assert {name for option in OPTIONS for name in option.config} <= {f.name for f in dataclasses.fields(ScheduleConfig)}, \
+    "an option's config names ScheduleConfig fields"
+
+_MIRRORED_STEMS = "|".join(re.escape(option.stem) for option in OPTIONS if option.mirrored)
+_MIRRORED_FLAG = re.compile(f"{re.escape(TRAINING_PREFIX)}({_MIRRORED_STEMS})(?![\\w-])")
+"""A mirrored option's training flag, whole (``--dp-schedule-balance`` does not match in
+``--dp-schedule-balance-growth``)."""
+
+
+def in_plan_terms(text: str) -> str:
+    """``text`` with the mirrored options' training flags as the what-if tool spells them (``--<stem>``)."""
+    return _MIRRORED_FLAG.sub(lambda match: PLAN_PREFIX + match.group(1), text)
+
+
+def config_flags(*, prefix: str = TRAINING_PREFIX) -> dict[str, str]:
+    """``ScheduleConfig`` field -> the flag of the option that sets it (the first, in field order; with
+    :data:`PLAN_PREFIX` the mirrored options only): how a planner error (``ArgumentError.argument``) names a flag."""
+    flags: dict[str, str] = {}
+    for option in OPTIONS:
+        if prefix == TRAINING_PREFIX or option.mirrored:
+            for name in option.config:
+                flags.setdefault(name, option.flag_in(prefix))
+    return flags
+
+
+# --- when options act -------------------------------------------------------------------------------------------
+
+
 @dataclass(frozen=True, kw_only=True)
 class Setting:
-    """What decides whether an option acts: the options given and the few layout facts the rules read, from
-    training's flags (:func:`megatron_dpsched.megatron.arguments.setting_from_args`, :func:`check_argv`) or the
-    what-if tool's."""
+    """What decides whether an option acts: the options and the few layout facts the rules read, from training's
+    flags (:meth:`from_args`, :func:`check_argv`) or the what-if tool's."""
 
+    options: DPScheduleOptions
+    """Every option's value: the given one, else the default."""
     given: frozenset[str]
-    """Stems of the options given on the command line."""
-    values: Mapping[str, Any]
-    """Every option's value by stem: the given one, else the row's default."""
+    """Names of the options given on the command line."""
     pp_size: int = 1
     """Pipeline-parallel stages."""
     has_model: bool = True
@@ -179,158 +491,41 @@ class Setting:
     """The what-if tool: it times every step of every strategy with the step-time figures, whatever the
     objective, so the step-time options always act there."""
 
-    def flag(self, stem: str) -> str:
-        """``stem``'s flag in this tool."""
-        return self.prefix + stem
+    @classmethod
+    def from_args(cls, args: Any) -> Setting:
+        """The setting of Megatron's ``args`` (the options given are those not ``None``)."""
+        given = frozenset(option.name for option in OPTIONS if getattr(args, option.attribute, None) is not None)
+        return cls(options=DPScheduleOptions.from_args(args), given=given,
+                   pp_size=getattr(args, "pipeline_model_parallel_size", 1) or 1,
+                   has_model=getattr(args, "hidden_size", None) is not None or "cost_model" in given)
+
+    def flag(self, name: str) -> str:
+        """Option ``name``'s flag in this tool."""
+        return BY_NAME[name].flag_in(self.prefix)
 
     @property
     def objective(self) -> str:
-        """The objective these options give (:func:`resolve_objective`)."""
-        values = self.values
-        return resolve_objective(values["objective"], pp_size=self.pp_size, token_cap=values["max-tokens-per-gpu"]
-                                 is not None, balance=values["balance"], has_model=self.has_model)
-
-
-def _needs_token_cap(setting: Setting) -> str | None:
-    if setting.values["max-tokens-per-gpu"] is not None:
-        return None
-    return f"without {setting.flag('max-tokens-per-gpu')} (static batching: no token cap)"
-
-
-def _why_not_step_time(setting: Setting) -> str | None:
-    """The flag that makes the objective ``micro-batches`` (``"--pipeline-model-parallel-size 1"``); ``None``
-    for ``step-time``."""
-    values = setting.values
-    if setting.objective == "step-time":
-        return None
-    if "objective" in setting.given:
-        return f"{setting.flag('objective')} micro-batches"
-    if values["max-tokens-per-gpu"] is None:
-        return f"no {setting.flag('max-tokens-per-gpu')}"
-    if values["balance"] == "none":
-        return f"{setting.flag('balance')} none"
-    return f"{setting.pp_flag} 1" if setting.pp_size == 1 else "no --hidden-size"
-
-
-def _needs_step_time_objective(setting: Setting) -> str | None:
-    if setting.times_every_step:
-        return None
-    if "cost-model" in setting.given:
-        return (f"with {setting.flag('cost-model')}, whose step-time model has its own measured seconds per "
-                "micro-batch")
-    cause = _why_not_step_time(setting)
-    return None if cause is None else (f"with the micro-batches objective ({cause}): it times micro-batches for "
-                                       "the step-time objective only")
-
-
-def _needs_cost_balance_or_step_time(setting: Setting) -> str | None:
-    if setting.times_every_step or setting.values["balance"] == "cost":
-        return None
-    cause = _why_not_step_time(setting)
-    if cause is None:
-        return None
-    balance = f"{setting.flag('balance')} {setting.values['balance']}"
-    objective = "the micro-batches objective" + ("" if cause == balance else f" ({cause})")
-    return f"with {balance} and {objective}: it acts with balance cost or the step-time objective"
-
-
-OPTIONS: tuple[Option, ...] = (
-    Option(stem="max-tokens-per-gpu", kind=int, minimum=1, maximum=MAX_TOKENS, metavar="CAP", mirrored=True,
-           sets=("ScheduleConfig.max_tokens_per_gpu",), default_text="unset (static batching)",
-           help="Dynamic batching: at most this many tokens per micro-batch per GPU (x CP per data-parallel rank). "
-                "Unset: static batching with --micro-batch-size."),
-    Option(stem="balance", choices=BALANCE_MODES, default="cost", mirrored=True, sets=("ScheduleConfig.balance",),
-           help="What the planner balances across data-parallel ranks: a FLOPs model of the GPT (cost; dense, GQA, "
-                "SwiGLU, MoE and MLA from the model flags, or the {p}cost-model file's measured cost), raw token "
-                "counts (tokens) or nothing (none)."),
-    Option(stem="balance-growth", kind=float, default=0.0, minimum=0.0, maximum=10.0, metavar="F", mirrored=True,
-           sets=("ScheduleConfig.balance_growth",), needs=_needs_token_cap, needs_text="with {p}max-tokens-per-gpu",
-           help="With {p}max-tokens-per-gpu: share (0 to 10) of extra micro-batches per step the planner may spend "
-                "to balance ranks when the token cap keeps them apart (heavy tails at high fill); 0: no more "
-                "than one global packing needs, unless the busiest rank stays over 5% above max(mean rank, "
-                "dearest sample) (a tail past the cap): then up to one sample per micro-batch on the fullest "
-                "rank. With the step-time objective it caps the extra micro-batches that objective adds."),
-    Option(stem="objective", choices=OBJECTIVES, mirrored=True, sets=("ScheduleConfig.step_time_model",),
-           default_text="step-time with PP > 1, a token cap and balance cost or tokens, else micro-batches",
-           help="step-time: per step, the micro-batch count (and packing) with the smallest simulated step time "
-                "of Megatron's pipeline schedule, from the cost model at a nominal 400 TFLOP/s per GPU plus "
-                "{p}microbatch-overhead-ms per micro-batch; needs {p}max-tokens-per-gpu and balance cost or "
-                "tokens. micro-batches: the fewest micro-batches that balance the ranks."),
-    Option(stem="microbatch-overhead-ms", kind=float, default=2.0, minimum=0.0, maximum=1e6, metavar="MS",
-           mirrored=True, sets=("StepTimeModel.seconds_per_microbatch",), needs=_needs_step_time_objective,
-           needs_text="with the step-time objective and no {p}cost-model (the what-if tool: always, it times every "
-                      "step)",
-           help="Step-time objective: fixed forward milliseconds of every micro-batch over the whole model "
-                "(kernel launches, pipeline hand-offs)."),
-    Option(stem="cost-model", metavar="FILE", mirrored=True, sets=("CostModelFile",), default_text="unset",
-           needs=_needs_cost_balance_or_step_time,
-           needs_text="with {p}balance cost or the step-time objective (the what-if tool: always, it times every "
-                      "step)",
-           help="A cost-model file written by 'megatron-dpsched calibrate' (measured seconds per token, per sum "
-                "of squared lengths and per micro-batch): balance cost balances its per-sample cost instead of "
-                "the FLOPs model, and the step-time objective uses its step-time model instead of the nominal "
-                "FLOP/s and {p}microbatch-overhead-ms."),
-    Option(stem="microbatch-order", choices=ORDERS, default="auto", mirrored=True,
-           sets=("ScheduleConfig.microbatch_order",),
-           help="Micro-batch order within a step: pipeline (cheap micro-batches at both ends), none, or auto "
-                "(pipeline when PP > 1)."),
-    Option(stem="collate-format", choices=COLLATE_FORMATS, mirrored=True,
-           sets=("CollateConfig.format", "ScheduleConfig.padded_rows"),
-           default_text="thd when Transformer Engine is installed (and --transformer-impl is transformer_engine, "
-                        "Megatron's default), else bshd",
-           help="Micro-batch layout: packed sequences with cu_seqlens (thd: no padding; needs an attention backend "
-                "that takes packed sequences: Transformer Engine, or a --spec layer spec) or padded rows (bshd: "
-                "any attention backend; rows are padded to the micro-batch's longest sample, which the token cap "
-                "counts: rows x longest, see {p}cap-counts)."),
-    Option(stem="cap-counts", choices=CAP_COUNTS, default="padded", mirrored=True,
-           sets=("ScheduleConfig.pad_multiple", "ScheduleConfig.padded_rows"), needs=_needs_token_cap,
-           needs_text="with {p}max-tokens-per-gpu",
-           help="What {p}max-tokens-per-gpu bounds. padded: the collated micro-batch, what memory and compute "
-                "see: every sequence rounded up to the multiple the layout pads to (2 x CP, times TP with "
-                "--sequence-parallel, and a multiple of 16 with --fp8-format, 32 with --fp8-recipe mxfp8 or "
-                "--fp4-format), and with the bshd layout the row count times the longest row. tokens: real "
-                "tokens only (the collated tensor can exceed the cap; bshd by several times)."),
-    Option(stem="verify", choices=VERIFY_LEVELS, default="off", sets=("ScheduledDatasetLoader.verify",),
-           help="check: run schedule.check() every step; strict: also verify every model chunk consumed exactly "
-                "the planned micro-batches. Sample lengths and the plan's agreement across ranks are always "
-                "checked."),
-    Option(stem="prefetch", choices=SWITCH, default="on", sets=("ScheduledDatasetLoader.prefetch",),
-           help="on: plan and collate the next step in one background thread while the current step trains (at "
-                "most one step ahead; errors are raised on the training thread when their micro-batch is due); "
-                "off: both on the training thread. Results are the same either way."),
-    Option(stem="over-cap", choices=OVER_CAP, default="warn", sets=("build_feed's over-cap check",),
-           needs=_needs_token_cap, needs_text="with {p}max-tokens-per-gpu",
-           help="A sample longer than the token cap (its planned size: what {p}cap-counts counts) trains alone in "
-                "a micro-batch over the cap, which may not fit in memory. allow: say nothing; warn: one warning "
-                "per dataset before training (rank 0) with the count, the longest and the first ids; refuse: stop "
-                "before training naming them. Every step's log line and TensorBoard scalars count them either "
-                "way."),
-    Option(stem="changed-resume", choices=("refuse", "allow"), default="refuse",
-           sets=("job_checks.check_resume",),
-           help="A resume (--load) whose data or --dp-schedule options differ from what the checkpoint was saved "
-                "with (its dp_schedule_state.json): refuse: stop before training naming each change; allow: log "
-                "the changes as a warning and train on."),
-)
-"""The ``--dp-schedule-*`` options (``--dp-schedule`` itself is the switch, :data:`SWITCH_HELP`)."""
-
-BY_STEM: Mapping[str, Option] = {option.stem: option for option in OPTIONS}
-"""The rows by stem."""
+        """The objective these options give (:meth:`DPScheduleOptions.resolve_objective`)."""
+        return self.options.resolve_objective(pp_size=self.pp_size, has_model=self.has_model)
 
 
 def check_setting(setting: Setting) -> None:
-    """Refuse a given option that would not act under the other flags (its row's ``needs``): an
-    :class:`OptionError` naming the option and the flag that decides."""
+    """Refuse a given option that would not act under the other flags (its ``needs``): an :class:`OptionError`
+    naming the option and the flag that decides."""
     for option in OPTIONS:
-        if option.needs is not None and option.stem in setting.given:
+        if option.needs is not None and option.name in setting.given:
             reason = option.needs(setting)
             if reason is not None:
-                flag = setting.flag(option.stem)
+                flag = setting.flag(option.name)
                 raise OptionError(f"{flag} has no effect {reason}; drop it", option=flag)
 
 
 def without_switch(flags: Sequence[str]) -> str:
     """The error for ``--dp-schedule-*`` options given without ``--dp-schedule``."""
     return f"{', '.join(flags)} given without --dp-schedule, which they configure; add --dp-schedule or drop them"
+
+
+# --- training's flags before Megatron parses them ------------------------------------------------------------------
 
 
 class _RaisingParser(argparse.ArgumentParser):
@@ -356,26 +551,26 @@ def check_argv(argv: Sequence[str]) -> None:
     """Training's ``--dp-schedule*`` flags in ``argv``, checked before Megatron parses (and prints) its own: an
     unknown one (with the closest known flag), a bad value, options without ``--dp-schedule``, and options that
     would not act (:func:`check_setting`). Raises :class:`OptionError` naming the flag; Megatron's flags are
-    left to Megatron."""
+    left to Megatron. It lives here, with the fields it is made from, because it runs without torch."""
     known, rest = _pre_parser().parse_known_args(list(argv))
     _refuse_unknown(rest)
-    given = {o.stem: getattr(known, o.attribute) for o in OPTIONS if getattr(known, o.attribute) is not None}
-    for stem, value in given.items():
-        BY_STEM[stem].check(value)
+    given = {o.name: getattr(known, o.attribute) for o in OPTIONS if getattr(known, o.attribute) is not None}
+    for name, value in given.items():
+        BY_NAME[name].check(value)
     if not known.dp_schedule:
         if given:
-            raise OptionError(without_switch([BY_STEM[stem].flag for stem in given]), option=BY_STEM[next(
-                iter(given))].flag)
+            flags = [BY_NAME[name].flag for name in given]
+            raise OptionError(without_switch(flags), option=flags[0])
         return
     pp = known.pipeline_model_parallel_size
     if known.yaml_cfg is not None or (pp is not None and not pp.isdigit()):
         return  # Megatron reads (or refuses) the layout; validate_dp_schedule_args checks the rest
-    check_setting(Setting(given=frozenset(given), values={o.stem: given.get(o.stem, o.default) for o in OPTIONS},
-                          pp_size=int(pp or 1), has_model=known.hidden_size is not None or "cost-model" in given))
+    check_setting(Setting(options=DPScheduleOptions(enabled=True, **given), given=frozenset(given),
+                          pp_size=int(pp or 1), has_model=known.hidden_size is not None or "cost_model" in given))
 
 
 def _refuse_unknown(rest: Sequence[str]) -> None:
-    """An unknown ``--dp-schedule-*`` flag among the arguments the option table does not know."""
+    """An unknown ``--dp-schedule-*`` flag among the arguments the options do not know."""
     flags = [option.flag for option in OPTIONS]
     for word in rest:
         name = word.split("=", 1)[0]
@@ -395,44 +590,35 @@ def exit_on_bad_flags(argv: Sequence[str], *, prog: str) -> None:
         raise SystemExit(2) from None
 
 
-def option_for_field(field: str) -> Option | None:
-    """The option whose value sets ``ScheduleConfig.<field>`` (the first such row), or ``None``."""
-    return next((option for option in OPTIONS if f"ScheduleConfig.{field}" in option.sets), None)
-
-
-def default_text(option: Option) -> str:
-    """The default as the docs and ``--help`` state it."""
-    if option.default_text:
-        return option.default_text
-    return f"{option.default:g}" if isinstance(option.default, float) else str(option.default)
+# --- argparse: training's group and the what-if tool's mirror -----------------------------------------------------
 
 
 GIVEN = "given_options"
-"""The what-if tool's namespace attribute: the stems of the options given (:class:`_StoreGiven`)."""
+"""The what-if tool's namespace attribute: the names of the options given (:class:`_StoreGiven`)."""
 
 
 class _StoreGiven(argparse.Action):
-    """``store``, and the option's stem added to ``namespace.given_options`` (the defaults are the table's, so a
+    """``store``, and the option's name added to ``namespace.given_options`` (the defaults are the fields', so a
     given option cannot be told from an unset one by its value)."""
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
         setattr(namespace, self.dest, values)
-        setattr(namespace, GIVEN, getattr(namespace, GIVEN, frozenset()) | {self.dest.replace("_", "-")})
+        setattr(namespace, GIVEN, getattr(namespace, GIVEN, frozenset()) | {self.dest})
 
 
 def add_options(group: Any, *, prefix: str, options: Iterable[Option] = OPTIONS,
                 unset_defaults: bool) -> list[argparse.Action]:
     """Add ``options`` to an ``argparse`` group as ``<prefix><stem>`` and return their actions;
     ``unset_defaults``: every default is ``None`` (training tells a given option from an unset one), else the
-    table's default (and the stems given are recorded in the namespace's ``given_options``)."""
+    field's default (and the names given are recorded in the namespace's ``given_options``)."""
     return [
         group.add_argument(option.flag_in(prefix), dest=option.attribute if prefix == TRAINING_PREFIX
                            else option.name, default=None if unset_defaults else option.default,
                            action="store" if unset_defaults else _StoreGiven,
                            type=option.kind if prefix == TRAINING_PREFIX else _checked(option),
                            choices=option.choices, metavar=option.metavar,
-                           help=f"{option.help_in(prefix)} Default: {default_text(option)}.")
+                           help=f"{option.help_in(prefix)} Default: {option.default_shown}.".replace("%", "%%"))
         for option in options
     ]
 
@@ -443,41 +629,17 @@ def _checked(option: Option) -> Callable[[str], Any]:
 
 
 def add_plan_options(group: Any, *, skip: Iterable[str] = ()) -> None:
-    """The what-if tool's mirrored options (``--<stem>``), except the stems in ``skip``."""
+    """The what-if tool's mirrored options (``--<stem>``), except the names in ``skip``."""
     add_options(group, prefix=PLAN_PREFIX, unset_defaults=False,
-                options=[option for option in OPTIONS if option.mirrored and option.stem not in skip])
+                options=[option for option in OPTIONS if option.mirrored and option.name not in skip])
 
 
-def resolve_objective(objective: str | None, *, pp_size: int, token_cap: bool, balance: str,
-                      has_model: bool) -> str:
-    """The objective given, or by default ``step-time`` with PP > 1, a token cap, balance ``cost`` or
-    ``tokens`` and a model to time (where more micro-batches can shrink pipeline bubbles)."""
-    if objective is not None:
-        return objective
-    return "step-time" if pp_size > 1 and token_cap and balance != "none" and has_model else "micro-batches"
+def plan_options(args: argparse.Namespace) -> DPScheduleOptions:
+    """The options of the what-if tool's ``args`` (the mirrored ones; the others at their default)."""
+    return DPScheduleOptions(enabled=True, **{o.name: getattr(args, o.name) for o in OPTIONS if o.mirrored})
 
 
-def resolve_collate_format(collate_format: str | None, *, transformer_impl: str = "transformer_engine") -> str:
-    """The layout given, or by default ``thd`` where the attention backend takes packed sequences (Transformer
-    Engine installed and ``--transformer-impl transformer_engine``, Megatron's default), else ``bshd``."""
-    if collate_format is not None:
-        return collate_format
-    engine = transformer_impl == "transformer_engine"
-    return "thd" if engine and importlib.util.find_spec("transformer_engine") is not None else "bshd"
-
-
-def counts_padding(*, cap_counts: str, token_cap: bool) -> bool:
-    """Whether the plan counts collate's padding against the cap: a token cap and ``cap-counts padded``."""
-    BY_STEM["cap-counts"].check(cap_counts)
-    return token_cap and cap_counts == "padded"
-
-
-def planned_padding(*, cap_counts: str, token_cap: bool, pad_multiple: int, collate_format: str) -> dict[str, Any]:
-    """``ScheduleConfig``'s ``pad_multiple`` and ``padded_rows``: the layout's multiple, and padded rows with
-    ``bshd``, when the cap counts padding (:func:`counts_padding`); else ``1`` and ``False``."""
-    if not counts_padding(cap_counts=cap_counts, token_cap=token_cap):
-        return {"pad_multiple": 1, "padded_rows": False}
-    return {"pad_multiple": pad_multiple, "padded_rows": collate_format == "bshd"}
+# --- docs/options.md ---------------------------------------------------------------------------------------------
 
 
 def _cell(text: str) -> str:
@@ -502,18 +664,16 @@ def markdown() -> str:
     ]
     for option in OPTIONS:
         plan = f"`{option.flag_in(PLAN_PREFIX)}`" if option.mirrored else "-"
-        lines.append(f"| `{option.flag}` | {plan} | {_values(option)} | {_cell(default_text(option))} | "
-                     f"{', '.join(f'`{field}`' for field in option.sets)} | "
-                     f"{_cell(_described(option))} |")
+        lines.append(f"| `{option.flag}` | {plan} | {_values(option)} | {_cell(option.default_shown)} | "
+                     f"{', '.join(f'`{target}`' for target in option.targets)} | {_cell(_described(option))} |")
     return "\n".join(lines) + "\n"
 
 
 def _described(option: Option) -> str:
     """The help text, and when the option acts (refused otherwise)."""
-    text = option.help_in(TRAINING_PREFIX)
     if not option.needs_text:
-        return text
-    return f"{text} Acts only {option.needs_text.format(p=TRAINING_PREFIX)}; refused otherwise."
+        return option.help
+    return f"{option.help} Acts only {option.needs_text}; refused otherwise."
 
 
 def _values(option: Option) -> str:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from megatron_dpsched.core.padding import planned_sizes
-from megatron_dpsched.options import BY_STEM
+from megatron_dpsched.options import BY_NAME
 
 SHOWN = 5
 """How many over-cap samples a message lists (the longest first)."""
@@ -65,7 +65,7 @@ def describe(over: OverCap, *, dataset: str) -> str:
 def over_cap_notice(over: OverCap, *, policy: str, dataset: str) -> str | None:
     """What ``--dp-schedule-over-cap policy`` does about ``over``: the warning to print (``warn``), ``None``
     (``allow``, or nothing over the cap), or a ``ValueError`` naming the samples (``refuse``)."""
-    BY_STEM["over-cap"].check(policy)
+    BY_NAME["over_cap"].check(policy)
     if not over.count or policy == "allow":
         return None
     if policy == "refuse":

@@ -144,6 +144,7 @@ def content_figures(repeats: int, folder: Path) -> dict[str, float]:
     """Seconds of the content digest: per 4k-token sample, and per step of the demo's corpus and batch."""
     import torch
 
+    from megatron_dpsched.core import ScheduleConfig
     from megatron_dpsched.data import load_lengths, open_corpus, scale_lengths, write_token_jsonl
     from megatron_dpsched.megatron.feeds import ScheduledDatasetLoader, sample_digest
 
@@ -152,9 +153,9 @@ def content_figures(repeats: int, folder: Path) -> dict[str, float]:
     long_corpus = open_corpus(write_token_jsonl(folder / "4k.jsonl", [row] * 64))
     lengths = scale_lengths(load_lengths("gsm8k_train", limit=DEMO_STEPS * DEMO_GLOBAL_BATCH), DEMO_SCALE)
     demo = open_corpus(write_token_jsonl(folder / "demo.jsonl", [[i % 128 for i in range(n + 1)] for n in lengths]))
-    feed = ScheduledDatasetLoader(demo, lengths=demo.lengths, rank=0, vocab_size=VOCAB, schedule_kwargs={
-        "dp_size": DEMO_DP, "global_batch_size": DEMO_GLOBAL_BATCH, "max_tokens_per_gpu": DEMO_CAP,
-        "padded_rows": True})
+    config = ScheduleConfig(dp_size=DEMO_DP, global_batch_size=DEMO_GLOBAL_BATCH, max_tokens_per_gpu=DEMO_CAP,
+                            padded_rows=True)
+    feed = ScheduledDatasetLoader(demo, lengths=demo.lengths, rank=0, vocab_size=VOCAB, config=config)
     step_ids = list(range(DEMO_GLOBAL_BATCH))
     calls = 64
     return {

@@ -72,11 +72,14 @@ from megatron_dpsched.megatron import (  # noqa: E402
     scheduled_datasets_provider,
     setup_dp_schedule,
 )
+from megatron_dpsched.megatron.checks import (  # noqa: E402
+    check_before_validate_args,
+    check_training_data,
+    exit_on_bad_flags,
+)
 from megatron_dpsched.megatron.failures import debug_requested, exit_with_line, one_line_errors  # noqa: E402
-from megatron_dpsched.megatron.prechecks import check_before_megatron, check_training_data  # noqa: E402
 from megatron_dpsched.megatron.ranks import print_rank_0  # noqa: E402
 from megatron_dpsched.megatron.step_stats import StepRecorder, record_steps, write_plan  # noqa: E402
-from megatron_dpsched.options import exit_on_bad_flags  # noqa: E402
 
 DRY_RUN_FLAG = "--cpu-dry-run"
 _state: dict[str, Any] = {}
@@ -175,10 +178,10 @@ def parse_arguments(dry_run: bool) -> argparse.Namespace:
     if dry_run:
         start_cpu_dry_run()  # before validate_args, which asks the device about TP/CP settings
         args = parse_args(extra_args_provider)
-        check_before_megatron(args)  # what validate_args would assert on, as one line naming the flags
+        check_before_validate_args(args)  # what validate_args would assert on, as one line naming the flags
         validate_args(args)
     else:
-        check_before_megatron(parse_args(extra_args_provider))
+        check_before_validate_args(parse_args(extra_args_provider))
         args = parse_and_validate_args(extra_args_provider=extra_args_provider)
     adjust_args(args)
     return args

@@ -1,6 +1,8 @@
 """Megatron integration of the dp-schedule planner (imports torch and megatron-core).
 
-* :mod:`.arguments`: ``--dp-schedule*`` flags (``add_dp_schedule_args``) and their validation.
+* :mod:`.arguments`: ``--dp-schedule*`` flags (``add_dp_schedule_args``) and what the planner plans with
+  (``plan_setup_from_args``: the ``ScheduleConfig`` and the cost model).
+* :mod:`.checks`: every check of the flags, before Megatron parses, after it parses, when the data is known.
 * :mod:`.provider`: ``setup_dp_schedule(args)`` and ``scheduled_datasets_provider(provider)``, the
   three-line way onto the scheduled data path for an existing training script.
 * :mod:`.patch`: ``enable()`` / ``disable()`` install the :mod:`.hooks` into
@@ -16,10 +18,11 @@
 from megatron_dpsched.megatron import patch
 from megatron_dpsched.megatron.arguments import (
     DPScheduleOptions,
+    PlanSetup,
     add_dp_schedule_args,
-    schedule_kwargs_from_args,
-    validate_dp_schedule_args,
+    plan_setup_from_args,
 )
+from megatron_dpsched.megatron.checks import validate_dp_schedule_args
 from megatron_dpsched.megatron.collate import CollateConfig, collate_micro_batch, pad_multiple_for
 from megatron_dpsched.megatron.feeds import (
     ChunkIterator,
@@ -39,6 +42,7 @@ __all__ = [
     "ChunkIterator",
     "CollateConfig",
     "DPScheduleOptions",
+    "PlanSetup",
     "ScheduledDataIterator",
     "ScheduledDatasetLoader",
     "ScheduledForwardStep",
@@ -51,7 +55,7 @@ __all__ = [
     "is_enabled",
     "pad_multiple_for",
     "patch",
-    "schedule_kwargs_from_args",
+    "plan_setup_from_args",
     "scheduled_loss_func",
     "validate_dp_schedule_args",
 ]

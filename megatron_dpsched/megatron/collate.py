@@ -44,7 +44,7 @@ from megatron_dpsched.core.padding import gemm_alignment_for, pad_multiple_for  
 from megatron_dpsched.options import COLLATE_FORMATS
 
 FORMATS = COLLATE_FORMATS
-"""The collate layouts (the option table's ``--dp-schedule-collate-format`` choices)."""
+"""The collate layouts (the ``--dp-schedule-collate-format`` option's choices)."""
 
 
 @dataclass(frozen=True, kw_only=True)

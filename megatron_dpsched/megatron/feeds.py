@@ -51,6 +51,7 @@ from typing import Any
 import torch
 
 from megatron_dpsched.core import DPSchedule, ScheduleConfig, ScheduleInvariantError, plan_schedule
+from megatron_dpsched.core.cost import CostFunction
 from megatron_dpsched.core.validation import is_int, require_int, require_lengths
 from megatron_dpsched.data.contract import (
     Place,
@@ -63,7 +64,7 @@ from megatron_dpsched.data.sampling import SampleOrder
 from megatron_dpsched.job_identity import fold_digests
 from megatron_dpsched.megatron.collate import CollateConfig, collate_micro_batch, require_padding_agreement
 from megatron_dpsched.megatron.prefetch import PreparedStep, StepPrefetcher
-from megatron_dpsched.options import CAP_COUNTS, VERIFY_LEVELS
+from megatron_dpsched.options import BY_NAME
 
 SampleSource = Callable[[int], Mapping[str, Any]] | Sequence[Mapping[str, Any]]
 
@@ -137,10 +138,8 @@ class StepFeed(ABC):
     ) -> None:
         if num_chunks < 1:
             raise ValueError(f"num_chunks must be >= 1; got {num_chunks}")
-        if verify not in VERIFY_LEVELS:
-            raise ValueError(f"--dp-schedule-verify must be one of {VERIFY_LEVELS}; got {verify!r}")
-        if cap_counts not in CAP_COUNTS:
-            raise ValueError(f"cap_counts (--dp-schedule-cap-counts) must be one of {CAP_COUNTS}; got {cap_counts!r}")
+        BY_NAME["verify"].check(verify)  # the option's choices (OptionError, a ValueError naming the flag)
+        BY_NAME["cap_counts"].check(cap_counts)
         self.vocab_size = resolve_vocab_size(vocab_size)
         """Token ids and labels must be below this (the padded vocabulary); ``None``: not bounded above."""
         self.cap_counts = cap_counts
@@ -498,8 +497,9 @@ class ScheduledDatasetLoader(StepFeed):
     """Feed that plans each step from a map-style dataset with known per-sample lengths.
 
     ``lengths`` are validated once, when the feed is built (a ``ValueError`` names the
-    first bad entry); ``schedule_kwargs`` are ``build_dp_schedule``'s keyword arguments
-    but ``lengths`` (``cost_model`` included), validated once as a ``ScheduleConfig``.
+    first bad entry); every step is planned with ``config`` (one step at a time, so without
+    ``drop_last``) and ``cost_model`` (what balance ``cost`` balances per sample; ``None``:
+    the core's default), e.g. a :class:`~megatron_dpsched.megatron.arguments.PlanSetup`'s.
     ``order`` says which sample sits at each position of the stream (default: one pass in
     dataset order; :class:`~megatron_dpsched.data.sampling.SampleOrder` gives cyclic epochs
     and groups); step after step takes the next ``global_batch_size`` samples (groups) from
@@ -516,21 +516,23 @@ class ScheduledDatasetLoader(StepFeed):
         *,
         lengths: Sequence[int],
         rank: int,
-        schedule_kwargs: Mapping[str, Any],
+        config: ScheduleConfig,
+        cost_model: CostFunction | None = None,
         consumed_samples: int = 0,
         order: SampleOrder | None = None,
         trained_tokens: Sequence[int] | None = None,
         **feed_kwargs: Any,
     ) -> None:
         super().__init__(rank=rank, **feed_kwargs)
-        options = dict(schedule_kwargs)
-        if "drop_last" in options:
+        if not isinstance(config, ScheduleConfig):
+            raise TypeError(f"config must be a ScheduleConfig; got {type(config).__name__}")
+        if config.drop_last:
             raise ValueError("ScheduledDatasetLoader plans one step at a time; drop_last does not apply")
-        self.cost_model = options.pop("cost_model", None)
-        self.config = ScheduleConfig(**options)
+        self.config = config
+        self.cost_model = cost_model
         if not is_int(rank) or not 0 <= rank < self.config.dp_size:
             raise ValueError(f"rank {rank!r} is outside dp_size={self.config.dp_size}")
-        self._require_agreement(source="schedule_kwargs")
+        self._require_agreement(source="config")
         self._get = _sample_getter(dataset)
         self._stored_digest = getattr(dataset, "sample_digest", None)
         """The dataset's own 64-bit digest of a sample as stored (``None`` where it has none), e.g. of a JSONL

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from megatron_dpsched.core.config import ScheduleConfig
 from megatron_dpsched.job_identity import (
     DATA_CONTENT,
     DATA_PATHS,
@@ -50,15 +51,13 @@ from megatron_dpsched.job_identity import (
     resume_changes,
     state_json,
 )
-from megatron_dpsched.megatron.arguments import DPScheduleOptions, schedule_kwargs_from_args
+from megatron_dpsched.megatron.arguments import DPScheduleOptions, PlanSetup, plan_setup_from_args
 from megatron_dpsched.megatron.feeds import ScheduledDatasetLoader, StepBatches, StepFeed
 from megatron_dpsched.megatron.ranks import global_rank, print_rank_0
 
 DATA_FLAGS = ("data_path", "train_data_path", "valid_data_path", "test_data_path", "split", "data_args_path",
               "per_split_data_args_path", "mock_data")
 """Megatron's arguments that say which data the job reads."""
-RUN_TIME_OPTIONS = ("verify", "prefetch", "over_cap", "changed_resume")
-"""``DPScheduleOptions`` fields that change how a step runs, not what it trains (a resume may change them)."""
 ALLOW_FLAG = "--dp-schedule-changed-resume allow"
 
 _state: dict[str, Any] = {}
@@ -104,25 +103,29 @@ def reset() -> None:
 
 def identity_from_args(args: Any) -> JobIdentity:
     """The fields of this job (see :mod:`megatron_dpsched.job_identity`) from Megatron's ``args``."""
-    chosen = dataclasses.asdict(DPScheduleOptions.from_args(args))
-    enabled = chosen.pop("enabled")
-    run_time = {name: chosen.pop(name) for name in RUN_TIME_OPTIONS}
+    options = DPScheduleOptions.from_args(args)
+    enabled = options.enabled
     flags = {flag: getattr(args, flag, None) for flag in DATA_FLAGS if getattr(args, flag, None) not in (None, False)}
     files = data_files(word for value in flags.values() for word in _words(value))
     return JobIdentity(fields=(
         (ENABLED, "on" if enabled else "off"),
-        (OPTIONS, _listing(chosen) if enabled else "-"),
-        (RUNTIME_OPTIONS, _listing(run_time) if enabled else "-"),
-        (PLANNER, planner_summary(args) if enabled else "-"),
+        (OPTIONS, _listing(options.option_values(run_time=False)) if enabled else "-"),
+        (RUNTIME_OPTIONS, _listing(options.option_values(run_time=True)) if enabled else "-"),
+        (PLANNER, planner_summary(plan_setup_from_args(args, data_parallel_size=args.data_parallel_size), args=args)
+         if enabled else "-"),
         (DATA_PATHS, _listing(flags)),
         (DATA_SIZES, ", ".join(f"{path}: {os.path.getsize(path)} bytes" for path in files) or "-"),
         (DATA_CONTENT, ", ".join(f"{path}: {file_checksum(path)}" for path in files) or "-"),
     ))
 
 
-def planner_summary(args: Any) -> str:
-    """The planner's options (data-parallel size, batch, cap, cost model...) and the sample order."""
-    options = schedule_kwargs_from_args(args, data_parallel_size=args.data_parallel_size)
+def planner_summary(setup: PlanSetup, *, args: Any) -> str:
+    """The planner's options (``setup``: data-parallel size, batch, cap, cost model...) and the sample order
+    (``args``: ``--dataloader-type``, and ``--seed`` when cyclic)."""
+    config = setup.config
+    options: dict[str, Any] = {field.name: getattr(config, field.name) for field in dataclasses.fields(ScheduleConfig)
+                               if field.name != "drop_last"}  # the feeds plan one step at a time
+    options["cost_model"] = setup.cost_model
     options["dataloader_type"] = getattr(args, "dp_schedule_dataloader_type", None) or args.dataloader_type
     if options["dataloader_type"] == "cyclic":
         options["seed"] = args.seed

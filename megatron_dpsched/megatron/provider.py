@@ -1,7 +1,7 @@
 """Turning an existing Megatron training script onto the ``--dp-schedule`` data path.
 
 Three changes to a ``pretrain_gpt.py``-style script (and optionally
-``megatron_dpsched.options.exit_on_bad_flags(sys.argv[1:], prog=...)`` first: a bad
+``megatron_dpsched.megatron.checks.exit_on_bad_flags(sys.argv[1:], prog=...)`` first: a bad
 ``--dp-schedule*`` flag in one line, before Megatron's argument dump; ``docs/checks.md``)::
 
     args = parse_and_validate_args(extra_args_provider=add_dp_schedule_args)   # 1. the flags
@@ -22,6 +22,7 @@ this module only wires datasets, ranks and flags together.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -30,16 +31,20 @@ from megatron_dpsched.data.sampling import SampleOrder
 from megatron_dpsched.megatron.arguments import (
     DPScheduleOptions,
     collate_format_from_args,
-    counts_padding,
     pad_multiple_from_args,
-    schedule_kwargs_from_args,
+    plan_setup_from_args,
+)
+from megatron_dpsched.megatron.checkpoint_rng import keep_checkpoint_rng_layout
+from megatron_dpsched.megatron.checks import (
+    check_dataset_size,
+    check_over_cap,
+    dataset_lengths,
+    padded_vocab_size,
     validate_dp_schedule_args,
 )
 from megatron_dpsched.megatron.collate import CollateConfig, require_padding_agreement
 from megatron_dpsched.megatron.feeds import ScheduledDatasetLoader
-from megatron_dpsched.megatron.prechecks import keep_checkpoint_rng_layout
 from megatron_dpsched.megatron.ranks import print_rank_0
-from megatron_dpsched.over_cap import find_over_cap, over_cap_notice
 
 DatasetsProvider = Callable[..., tuple[Any, Any, Any]]
 
@@ -53,7 +58,7 @@ def setup_dp_schedule(args: Any) -> None:
     instead of hanging them). Nothing else without ``--dp-schedule``. Run it before the model is
     built (it turns on per-token loss and variable sequence lengths under PP). Resuming a checkpoint
     saved without per-rank RNG states keeps ``--data-parallel-random-init`` off
-    (:func:`~megatron_dpsched.megatron.prechecks.keep_checkpoint_rng_layout`).
+    (:func:`~megatron_dpsched.megatron.checkpoint_rng.keep_checkpoint_rng_layout`).
     """
     validate_dp_schedule_args(args)
     from megatron_dpsched.megatron import patch
@@ -143,26 +148,27 @@ def build_feed(
     """
     from megatron.core import parallel_state as mpu
 
-    lengths = _lengths_of(dataset)
+    lengths = dataset_lengths(dataset)
     order = sample_order_from_args(args, num_samples=len(lengths), groups=getattr(dataset, "groups", None))
     if not order.cyclic:
-        _check_size(role, len(lengths), num_samples, args=args)
+        check_dataset_size(role, len(lengths), num_samples, args=args)
     if role == "train":
         _warn_if_nothing_was_loaded(args)
-    kwargs = schedule_kwargs_from_args(args, data_parallel_size=mpu.get_data_parallel_world_size())
-    if role != "train":
-        kwargs["global_batch_size"] = getattr(args, "eval_global_batch_size", None) or args.global_batch_size
+    setup = plan_setup_from_args(args, data_parallel_size=mpu.get_data_parallel_world_size())
+    config = setup.config if role == "train" else dataclasses.replace(
+        setup.config, global_batch_size=getattr(args, "eval_global_batch_size", None) or args.global_batch_size)
     options = DPScheduleOptions.from_args(args)
-    _check_over_cap(lengths if order.cyclic or num_samples is None else lengths[:num_samples], kwargs=kwargs,
-                    policy=options.over_cap, role=role)
+    check_over_cap(lengths if order.cyclic or num_samples is None else lengths[:num_samples], config=config,
+                   policy=options.over_cap, role=role)
     collate = collate_config_from_args(args)
-    require_padding_agreement(pad_multiple=kwargs["pad_multiple"], padded_rows=kwargs["padded_rows"], collate=collate,
-                              counts_padding=counts_padding(options))
+    require_padding_agreement(pad_multiple=config.pad_multiple, padded_rows=config.padded_rows, collate=collate,
+                              counts_padding=options.counts_padding)
     return ScheduledDatasetLoader(
         dataset,
         lengths=lengths,
         rank=mpu.get_data_parallel_rank(),
-        schedule_kwargs=kwargs,
+        config=config,
+        cost_model=setup.cost_model,
         consumed_samples=_start_of(role, args),
         order=order,
         trained_tokens=getattr(dataset, "trained_tokens", None),
@@ -171,20 +177,9 @@ def build_feed(
         verify=options.verify,
         name=role,
         prefetch=options.prefetch == "on",
-        vocab_size=padded_vocab_size_from_args(args),
+        vocab_size=padded_vocab_size(args),
         cap_counts=options.cap_counts,
     )
-
-
-def padded_vocab_size_from_args(args: Any) -> int:
-    """Megatron's ``args.padded_vocab_size`` (set when Megatron builds its tokenizer: the vocabulary padded by
-    ``_vocab_size_with_padding``), the bound every token id and label is checked against."""
-    found = getattr(args, "padded_vocab_size", None)
-    if found is None:
-        raise ValueError("--dp-schedule checks every token id against Megatron's args.padded_vocab_size, which is "
-                         "not set: initialize Megatron (it builds the tokenizer and pads the vocabulary) before "
-                         "building the feed")
-    return int(found)
 
 
 def sample_order_from_args(args: Any, *, num_samples: int, groups: Sequence[Any] | None = None) -> SampleOrder:
@@ -209,48 +204,9 @@ def _warn_if_nothing_was_loaded(args: Any) -> None:
                      f"training starts from scratch at step 0")
 
 
-def _check_over_cap(lengths: Sequence[int], *, kwargs: dict[str, Any], policy: str, role: str) -> None:
-    """``--dp-schedule-over-cap``: before training, warn about (on rank 0) or refuse the samples over the token cap
-    among those training will read (:func:`~megatron_dpsched.over_cap.over_cap_notice`)."""
-    if kwargs["max_tokens_per_gpu"] is None or policy == "allow":
-        return
-    over = find_over_cap(lengths, token_cap=kwargs["max_tokens_per_gpu"] * kwargs["cp_size"],
-                         pad_multiple=kwargs["pad_multiple"])
-    notice = over_cap_notice(over, policy=policy, dataset=role)
-    if notice is not None:
-        print_rank_0(notice)
-
-
-def _check_size(role: str, available: int, needed: int | None, *, args: Any) -> None:
-    """One pass over the data (``--dataloader-type single``) must cover what Megatron will read."""
-    if needed is None or available >= needed:
-        return
-    if role == "train":
-        how = (f"--train-iters {args.train_iters} x --global-batch-size {args.global_batch_size} = {needed}"
-               if not getattr(args, "train_samples", None) else f"--train-samples {needed}")
-    else:
-        how = f"{needed} (--eval-iters x --eval-global-batch-size x evaluations, as Megatron counts them)"
-    raise ValueError(f"dp-schedule: the {role} dataset holds {available} samples, but training reads {how}; "
-                     f"give more data or fewer iterations (or --dataloader-type cyclic to read it again)")
-
-
 def _start_of(role: str, args: Any) -> int:
     if role == "train":
         return int(args.consumed_train_samples)
     if role == "valid" and not getattr(args, "skip_train", False):
         return int(args.consumed_valid_samples)
     return 0
-
-
-def _lengths_of(dataset: Any) -> Sequence[int]:
-    if type(dataset).__name__ == "SFTDataset":
-        raise ValueError("--dp-schedule cannot plan Megatron's SFTDataset: it packs conversations into "
-                         "--seq-length rows; give one conversation per sample "
-                         "(megatron_dpsched.data.ConversationJsonlDataset) and let the planner pack")
-    lengths = getattr(dataset, "lengths", None)
-    if lengths is None or len(lengths) != len(dataset):
-        raise ValueError(
-            f"--dp-schedule needs the token count of every sample: give {type(dataset).__name__} a "
-            f"'lengths' sequence with one entry per sample (got {type(lengths).__name__})"
-        )
-    return lengths

@@ -120,7 +120,7 @@ def _combined_with_cost_model(args: Any) -> list[str]:
 
 def _overhead_given(args: Any) -> float | None:
     """``--microbatch-overhead-ms`` when given on the command line (the parser records the stems given)."""
-    return args.microbatch_overhead_ms if "microbatch-overhead-ms" in getattr(args, GIVEN, ()) else None
+    return args.microbatch_overhead_ms if "microbatch_overhead_ms" in getattr(args, GIVEN, ()) else None
 
 
 def describe_model(model: CostModel) -> str:

@@ -113,7 +113,8 @@ def parse_megatron_args(argv: Sequence[str]) -> Any:
     """Megatron's own ``parse_args`` + ``validate_args`` + ``validate_dp_schedule_args``."""
     from megatron.training.arguments import parse_args, validate_args
 
-    from megatron_dpsched.megatron.arguments import add_dp_schedule_args, validate_dp_schedule_args
+    from megatron_dpsched.megatron.arguments import add_dp_schedule_args
+    from megatron_dpsched.megatron.checks import validate_dp_schedule_args
 
     saved = sys.argv
     sys.argv = ["pretrain", *argv]

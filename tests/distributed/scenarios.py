@@ -119,15 +119,16 @@ def _loader(args: Any, *, num_chunks: int, consumed_samples: int = 0, num_sample
             lengths: Any = None, prefetch: bool = False, dataset: Any = None) -> Any:
     from megatron.core import parallel_state
 
-    from megatron_dpsched.megatron import ScheduledDatasetLoader, schedule_kwargs_from_args
+    from megatron_dpsched.megatron import ScheduledDatasetLoader, plan_setup_from_args
     from megatron_dpsched.megatron.provider import collate_config_from_args
 
-    dp = parallel_state.get_data_parallel_world_size()
+    setup = plan_setup_from_args(args, data_parallel_size=parallel_state.get_data_parallel_world_size())
     return ScheduledDatasetLoader(
         harness.make_sample if dataset is None else dataset,
         lengths=LENGTHS[:num_samples] if lengths is None else lengths,
         rank=parallel_state.get_data_parallel_rank(),
-        schedule_kwargs=schedule_kwargs_from_args(args, data_parallel_size=dp),
+        config=setup.config,
+        cost_model=setup.cost_model,
         consumed_samples=consumed_samples,
         num_chunks=num_chunks,
         collate=collate_config_from_args(args),
@@ -142,12 +143,12 @@ def _precomputed(args: Any, *, num_chunks: int, resume: bool = False) -> Any:
 
     from megatron.core import parallel_state
 
-    from megatron_dpsched import DPSchedule, build_dp_schedule
-    from megatron_dpsched.megatron import CollateConfig, ScheduledDataIterator, schedule_kwargs_from_args
+    from megatron_dpsched import DPSchedule, plan_schedule
+    from megatron_dpsched.megatron import CollateConfig, ScheduledDataIterator, plan_setup_from_args
 
-    dp = parallel_state.get_data_parallel_world_size()
-    kwargs = schedule_kwargs_from_args(args, data_parallel_size=dp)
-    shipped = json.loads(json.dumps(build_dp_schedule(LENGTHS[: TRAIN_ITERS * GLOBAL_BATCH], **kwargs).to_dict()))
+    setup = plan_setup_from_args(args, data_parallel_size=parallel_state.get_data_parallel_world_size())
+    plan = plan_schedule(LENGTHS[: TRAIN_ITERS * GLOBAL_BATCH], config=setup.config, cost_model=setup.cost_model)
+    shipped = json.loads(json.dumps(plan.to_dict()))
     for rank_batches in shipped["micro_batch_indices"]:
         offsets = [0]
         for count in shipped["num_microbatches"]:
@@ -463,12 +464,13 @@ def lying_shipped_plan() -> dict[str, Any]:
     """A shipped plan made from wrong (4x shorter) lengths: refused at the first micro-batch."""
     from megatron.core import parallel_state
 
-    from megatron_dpsched import build_dp_schedule
-    from megatron_dpsched.megatron import ScheduledDataIterator, schedule_kwargs_from_args
+    from megatron_dpsched import plan_schedule
+    from megatron_dpsched.megatron import ScheduledDataIterator, plan_setup_from_args
 
     def make_feed(args: Any, chunks: int) -> Any:
-        kwargs = schedule_kwargs_from_args(args, data_parallel_size=parallel_state.get_data_parallel_world_size())
-        plan = build_dp_schedule(LYING_LENGTHS["shorter"][: TRAIN_ITERS * GLOBAL_BATCH], **kwargs)
+        setup = plan_setup_from_args(args, data_parallel_size=parallel_state.get_data_parallel_world_size())
+        plan = plan_schedule(LYING_LENGTHS["shorter"][: TRAIN_ITERS * GLOBAL_BATCH], config=setup.config,
+                             cost_model=setup.cost_model)
         return ScheduledDataIterator(plan, rank=parallel_state.get_data_parallel_rank(),
                                      samples=harness.make_sample, num_chunks=chunks)
 

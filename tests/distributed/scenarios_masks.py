@@ -52,14 +52,14 @@ def scheduled_feed(args: Any, num_chunks: int) -> Any:
     """The dp-schedule feed over :func:`masked_corpus`, as ``build_feed`` makes it."""
     from megatron.core import parallel_state
 
-    from megatron_dpsched.megatron import ScheduledDatasetLoader, schedule_kwargs_from_args
+    from megatron_dpsched.megatron import ScheduledDatasetLoader, plan_setup_from_args
     from megatron_dpsched.megatron.provider import collate_config_from_args
 
     data = masked_corpus()
-    dp = parallel_state.get_data_parallel_world_size()
+    setup = plan_setup_from_args(args, data_parallel_size=parallel_state.get_data_parallel_world_size())
     return ScheduledDatasetLoader(
-        data, lengths=data.lengths, rank=parallel_state.get_data_parallel_rank(),
-        schedule_kwargs=schedule_kwargs_from_args(args, data_parallel_size=dp),
+        data, lengths=data.lengths, rank=parallel_state.get_data_parallel_rank(), config=setup.config,
+        cost_model=setup.cost_model,
         num_chunks=num_chunks, collate=collate_config_from_args(args), verify=args.dp_schedule_verify)
 
 

@@ -21,7 +21,7 @@ import pytest
 from megatron_dpsched.calibration import fit, read_records, samples_from_records
 from megatron_dpsched.core import StepTimeModel
 from megatron_dpsched.core.cost import CostModelFile, GenericCostModel
-from megatron_dpsched.megatron import add_dp_schedule_args, schedule_kwargs_from_args, validate_dp_schedule_args
+from megatron_dpsched.megatron import add_dp_schedule_args, plan_setup_from_args, validate_dp_schedule_args
 
 pytestmark = pytest.mark.distributed
 
@@ -55,14 +55,14 @@ def test_the_cost_model_file_drives_balancing_and_the_step_time_objective(tmp_pa
     args = _args("--dp-schedule-max-tokens-per-gpu", "64", "--dp-schedule-cost-model", path,
                  pipeline_model_parallel_size=2)
     validate_dp_schedule_args(args)
-    kwargs = schedule_kwargs_from_args(args, data_parallel_size=2)
-    cost = kwargs["cost_model"]
+    setup = plan_setup_from_args(args, data_parallel_size=2)
+    cost = setup.cost_model
     assert isinstance(cost, GenericCostModel) and cost.attention_length == pytest.approx(100.0)  # 1e-5 / 1e-7
-    model = kwargs["step_time_model"]
+    model = setup.config.step_time_model
     assert (model.seconds_per_token, model.seconds_per_token_pair, model.seconds_per_microbatch) == (1e-5, 1e-7, 2e-3)
-    tokens = schedule_kwargs_from_args(_args("--dp-schedule-balance", "tokens", "--dp-schedule-cost-model", path),
-                                       data_parallel_size=2)
-    assert tokens["cost_model"] is None and tokens["step_time_model"] is None
+    tokens = plan_setup_from_args(_args("--dp-schedule-balance", "tokens", "--dp-schedule-cost-model", path),
+                                  data_parallel_size=2)
+    assert tokens.cost_model is None and tokens.config.step_time_model is None
 
 
 def test_bad_cost_model_files_fail_at_argument_time_naming_the_flag_and_field(tmp_path: Path) -> None:

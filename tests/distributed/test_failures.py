@@ -22,8 +22,8 @@ import pytest
 from entry import MODEL_BUILT, REPO, corpus_rows, errors, tiny_gpt_argv, torchrun
 
 from megatron_dpsched.data import write_token_jsonl
+from megatron_dpsched.megatron.checks import check_before_validate_args, check_training_data
 from megatron_dpsched.megatron.failures import failure_line
-from megatron_dpsched.megatron.prechecks import check_before_megatron, check_training_data
 
 pytestmark = pytest.mark.distributed
 
@@ -64,7 +64,7 @@ def _flags(**given: object) -> SimpleNamespace:
 ])
 def test_batch_sizes_megatron_would_assert_on_are_refused_naming_the_flags(given: dict, message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
-        check_before_megatron(_flags(**given))
+        check_before_validate_args(_flags(**given))
 
 
 @pytest.mark.parametrize("given", [
@@ -74,7 +74,7 @@ def test_batch_sizes_megatron_would_assert_on_are_refused_naming_the_flags(given
     {"global_batch_size": 7, "use_checkpoint_args": True}, {"global_batch_size": 7, "yaml_cfg": "run.yaml"},
 ])
 def test_batch_sizes_megatron_accepts_pass(given: dict) -> None:
-    check_before_megatron(_flags(**given))
+    check_before_validate_args(_flags(**given))
 
 
 def test_training_needs_a_training_split() -> None:

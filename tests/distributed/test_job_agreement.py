@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from entry import MODEL_BUILT, corpus_rows, errors, tiny_gpt_argv, torchrun, torchrun_per_rank
 
+from megatron_dpsched import ScheduleConfig
 from megatron_dpsched.data import write_token_jsonl
 
 pytestmark = pytest.mark.distributed
@@ -147,7 +148,7 @@ def test_a_resume_with_other_data_fails_naming_it_unless_allowed(corpora, checkp
     assert "iteration        4/       4" in log
 
 
-PLAN_OPTIONS = {"dp_size": 2, "global_batch_size": 8, "max_tokens_per_gpu": 48, "padded_rows": True}
+PLAN_CONFIG = ScheduleConfig(dp_size=2, global_batch_size=8, max_tokens_per_gpu=48, padded_rows=True)
 """The feeds' planner options (bshd collate: the cap counts rows x longest)."""
 
 
@@ -162,7 +163,7 @@ def test_step_fingerprints_cover_content_through_the_stored_lines(tmp_path: Path
         corpus = open_corpus(write_token_jsonl(tmp_path / f"{len(list(tmp_path.iterdir()))}.jsonl", rows))
         data = SubsetDataset(corpus, range(len(corpus)), name="all") if wrap else corpus
         return ScheduledDatasetLoader(data, lengths=data.lengths, rank=0,
-                                      schedule_kwargs=PLAN_OPTIONS,
+                                      config=PLAN_CONFIG,
                                       vocab_size=None)
 
     forward, backward = feed(_rows(), wrap=False), feed(_rows()[::-1], wrap=True)
@@ -173,9 +174,9 @@ def test_step_fingerprints_cover_content_through_the_stored_lines(tmp_path: Path
     again = feed(_rows(), wrap=True)
     assert again.plan_step_at(8)[0].fingerprint == plans[0][0].fingerprint, "wrapping changes no digest"
     parsed = ScheduledDatasetLoader(lambda i: again.load_sample(i), lengths=again.lengths, rank=0,
-                                    schedule_kwargs=PLAN_OPTIONS,
+                                    config=PLAN_CONFIG,
                                     vocab_size=None)
     swapped = ScheduledDatasetLoader(lambda i: again.load_sample(ROWS - 1 - i), lengths=again.lengths, rank=0,
-                                     schedule_kwargs=PLAN_OPTIONS,
+                                     config=PLAN_CONFIG,
                                     vocab_size=None)
     assert parsed.plan_step_at(8)[0].fingerprint != swapped.plan_step_at(8)[0].fingerprint

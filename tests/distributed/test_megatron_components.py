@@ -10,7 +10,7 @@ import harness
 import pytest
 import torch
 
-from megatron_dpsched import build_dp_schedule
+from megatron_dpsched import ScheduleConfig, build_dp_schedule
 from megatron_dpsched.megatron import (
     CollateConfig,
     ScheduledDataIterator,
@@ -39,19 +39,19 @@ def _args(*argv: str, **overrides: object) -> argparse.Namespace:
 
 
 def test_cost_balance_plans_with_a_flops_model_of_the_configured_gpt() -> None:
-    from megatron_dpsched import CostModel
-    from megatron_dpsched.megatron import schedule_kwargs_from_args
+    from megatron_dpsched import CostModel, plan_schedule
+    from megatron_dpsched.megatron import plan_setup_from_args
 
     dims = dict(hidden_size=64, num_layers=2, num_attention_heads=4, group_query_attention=True,
                 num_query_groups=2, ffn_hidden_size=128, padded_vocab_size=256, swiglu=False)
     args = _args("--dp-schedule-max-tokens-per-gpu", "64", "--dp-schedule-balance-growth", "0.25", **dims)
-    kwargs = schedule_kwargs_from_args(args, data_parallel_size=2)
-    assert kwargs["cost_model"] == CostModel(hidden_size=64, num_layers=2, num_attention_heads=4,
-                                             num_query_groups=2, ffn_hidden_size=128, vocab_size=256)
-    assert kwargs["balance_growth"] == 0.25
-    tokens = schedule_kwargs_from_args(_args("--dp-schedule-balance", "tokens", **dims), data_parallel_size=2)
-    assert tokens["cost_model"] is None
-    build_dp_schedule([5, 60, 7, 30], **kwargs).check()
+    setup = plan_setup_from_args(args, data_parallel_size=2)
+    assert setup.cost_model == CostModel(hidden_size=64, num_layers=2, num_attention_heads=4,
+                                         num_query_groups=2, ffn_hidden_size=128, vocab_size=256)
+    assert setup.config.balance_growth == 0.25 and setup.config.dp_size == 2
+    tokens = plan_setup_from_args(_args("--dp-schedule-balance", "tokens", **dims), data_parallel_size=2)
+    assert tokens.cost_model is None
+    plan_schedule([5, 60, 7, 30], config=setup.config, cost_model=setup.cost_model).check()
 
 
 @pytest.mark.parametrize(("flags", "extra_flops_per_token"), [
@@ -84,26 +84,29 @@ def test_cost_model_from_real_megatron_args_matches_megatron_flops(flags, extra_
 
 
 def test_step_time_objective_is_the_default_with_pipelining_and_a_token_cap() -> None:
+    from megatron_dpsched import plan_schedule
     from megatron_dpsched.core import StepTimeModel
-    from megatron_dpsched.megatron import schedule_kwargs_from_args
+    from megatron_dpsched.megatron import plan_setup_from_args
+
+    def step_time_model(args: argparse.Namespace) -> StepTimeModel | None:
+        return plan_setup_from_args(args, data_parallel_size=2).config.step_time_model
 
     dims = dict(hidden_size=64, num_layers=2, num_attention_heads=4, tensor_model_parallel_size=2)
     cap = ("--dp-schedule-max-tokens-per-gpu", "64")
-    piped = schedule_kwargs_from_args(_args(*cap, pipeline_model_parallel_size=4, **dims), data_parallel_size=2)
-    model = piped["step_time_model"]
+    piped = plan_setup_from_args(_args(*cap, pipeline_model_parallel_size=4, **dims), data_parallel_size=2)
+    model = piped.config.step_time_model
     assert isinstance(model, StepTimeModel) and model.seconds_per_microbatch == 0.002
-    assert model.seconds_per_token == piped["cost_model"].linear_flops_per_token / (2 * 4e14)
-    build_dp_schedule([5, 60, 7, 30, 64, 9, 12, 40], **piped).check()
-    assert schedule_kwargs_from_args(_args(*cap, **dims), data_parallel_size=2)["step_time_model"] is None
+    assert model.seconds_per_token == piped.cost_model.linear_flops_per_token / (2 * 4e14)
+    plan_schedule([5, 60, 7, 30, 64, 9, 12, 40], config=piped.config, cost_model=piped.cost_model).check()
+    assert step_time_model(_args(*cap, **dims)) is None
     off = _args(*cap, "--dp-schedule-objective", "micro-batches", pipeline_model_parallel_size=4, **dims)
-    assert schedule_kwargs_from_args(off, data_parallel_size=2)["step_time_model"] is None
+    assert step_time_model(off) is None
     on = _args(*cap, "--dp-schedule-objective", "step-time", "--dp-schedule-microbatch-overhead-ms", "0", **dims)
-    assert schedule_kwargs_from_args(on, data_parallel_size=2)["step_time_model"].seconds_per_microbatch == 0
+    assert step_time_model(on).seconds_per_microbatch == 0
     static = _args("--dp-schedule-objective", "step-time", pipeline_model_parallel_size=4, **dims)
     with pytest.raises(ValueError, match="--dp-schedule-objective: .*needs max_tokens_per_gpu"):
         validate_dp_schedule_args(static)
-    assert schedule_kwargs_from_args(_args(pipeline_model_parallel_size=4, **dims),
-                                     data_parallel_size=2)["step_time_model"] is None  # static: micro-batches
+    assert step_time_model(_args(pipeline_model_parallel_size=4, **dims)) is None  # static: micro-batches
 
 
 def test_validation_turns_on_per_token_loss_and_variable_lengths_under_pp() -> None:
@@ -175,7 +178,8 @@ def test_planner_options_are_validated_at_argument_time(extra: tuple, token_cap:
 
 
 def test_a_vpp_group_without_vpp_is_ignored_as_megatron_ignores_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    from megatron_dpsched.megatron import schedule_kwargs_from_args
+    from megatron_dpsched import plan_schedule
+    from megatron_dpsched.megatron import plan_setup_from_args
 
     monkeypatch.setenv("WORLD_SIZE", "2")
 
@@ -183,9 +187,10 @@ def test_a_vpp_group_without_vpp_is_ignored_as_megatron_ignores_it(monkeypatch: 
                                     "--microbatch-group-size-per-virtual-pipeline-stage", "1",
                                     "--dp-schedule-cap-counts", "tokens"])  # the cap counts real tokens here
     args = harness.parse_megatron_args(argv)
-    kwargs = schedule_kwargs_from_args(args, data_parallel_size=1)
-    assert kwargs["microbatch_group_size_per_vp_stage"] is None and kwargs["pp_size"] == 2
-    assert build_dp_schedule(list(harness.LENGTHS[:8]), **kwargs).num_microbatches == (1,)  # 31 tokens, cap 40
+    setup = plan_setup_from_args(args, data_parallel_size=args.data_parallel_size)
+    assert setup.config.microbatch_group_size_per_vp_stage is None and setup.config.pp_size == 2
+    plan = plan_schedule(list(harness.LENGTHS[:8]), config=setup.config, cost_model=setup.cost_model)
+    assert plan.num_microbatches == (1,)  # 31 tokens, cap 40
 
 
 def test_thd_is_accepted_with_a_layer_spec_and_the_default_follows_the_backend() -> None:
@@ -359,14 +364,14 @@ def test_strict_verify_catches_a_chunk_that_skipped_micro_batches() -> None:
 
 def test_loader_matches_the_whole_plan_and_resumes_mid_way() -> None:
     schedule = _schedule()
-    kwargs = dict(dp_size=2, global_batch_size=8, max_tokens_per_gpu=40, padded_rows=True)
+    config = ScheduleConfig(dp_size=2, global_batch_size=8, max_tokens_per_gpu=40, padded_rows=True)
     loader = ScheduledDatasetLoader(harness.make_sample, lengths=harness.LENGTHS[:16], rank=0,
-                                    schedule_kwargs=kwargs, vocab_size=harness.VOCAB)
+                                    config=config, vocab_size=harness.VOCAB)
     steps = [loader.begin_step() for _ in range(2)]
     assert [s.micro_batches for s in steps] == [schedule.rank_step_micro_batches(0, s) for s in range(2)]
     assert loader.consumed_samples == 16
     resumed = ScheduledDatasetLoader(harness.make_sample, lengths=harness.LENGTHS[:16], rank=0,
-                                     schedule_kwargs=kwargs, consumed_samples=8, vocab_size=harness.VOCAB)
+                                     config=config, consumed_samples=8, vocab_size=harness.VOCAB)
     assert resumed.begin_step() == steps[1]
 
 
@@ -419,17 +424,17 @@ def test_setup_dp_schedule_validates_then_hooks_in() -> None:
 
 
 def test_scheduled_data_needs_per_sample_lengths() -> None:
-    from megatron_dpsched.megatron.provider import _lengths_of
+    from megatron_dpsched.megatron.checks import dataset_lengths
 
     class NoLengths(list):
         pass
 
     with pytest.raises(ValueError, match="'lengths' sequence with one entry per sample"):
-        _lengths_of(NoLengths([1, 2, 3]))
+        dataset_lengths(NoLengths([1, 2, 3]))
     dataset = NoLengths([1, 2, 3])
     dataset.lengths = [5, 6]
     with pytest.raises(ValueError, match="'lengths'"):
-        _lengths_of(dataset)
+        dataset_lengths(dataset)
 
 
 # --- corpora ---------------------------------------------------------------------------------
@@ -474,7 +479,7 @@ def test_a_shipped_plan_is_checked_when_its_feed_is_built_whatever_verify_says()
 
 
 def test_a_loader_refuses_bad_dataset_lengths_before_planning() -> None:
-    kwargs = dict(dp_size=2, global_batch_size=8, max_tokens_per_gpu=40, padded_rows=True)
+    config = ScheduleConfig(dp_size=2, global_batch_size=8, max_tokens_per_gpu=40, padded_rows=True)
     with pytest.raises(ValueError, match=r"function.lengths\[3\] must be a positive integer"):
-        ScheduledDatasetLoader(harness.make_sample, lengths=[4, 5, 3, 0, 6], rank=0, schedule_kwargs=kwargs,
+        ScheduledDatasetLoader(harness.make_sample, lengths=[4, 5, 3, 0, 6], rank=0, config=config,
                                vocab_size=harness.VOCAB)

@@ -1,24 +1,22 @@
-"""Training's flags and the ``plan`` what-if tool follow one option table: same defaults and choices on Megatron's
+"""Training's flags and the ``plan`` what-if tool follow the option fields: same defaults and choices on Megatron's
 real parser and on ``plan``'s, errors that name the flag, and the same plan for the same inputs."""
 
 from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 from pathlib import Path
 
 import harness
 import pytest
 
-from megatron_dpsched import build_dp_schedule
+from megatron_dpsched import build_dp_schedule, plan_schedule
 from megatron_dpsched.cli import build_parser, main
-from megatron_dpsched.megatron.arguments import (
-    DPScheduleOptions,
-    add_dp_schedule_args,
-    schedule_kwargs_from_args,
-    validate_dp_schedule_args,
-)
+from megatron_dpsched.megatron.arguments import DPScheduleOptions, add_dp_schedule_args, plan_setup_from_args
+from megatron_dpsched.megatron.checks import validate_dp_schedule_args
+from megatron_dpsched.megatron.feeds import ScheduledDataIterator
 from megatron_dpsched.options import OPTIONS, PLAN_PREFIX, OptionError
 from megatron_dpsched.whatif.inputs import load_sample_lengths
 
@@ -59,7 +57,7 @@ def _actions(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
     return {flag: action for action in parser._actions for flag in action.option_strings}
 
 
-def test_both_parsers_walk_the_table_with_the_same_defaults_and_choices() -> None:
+def test_both_parsers_walk_the_fields_with_the_same_defaults_and_choices() -> None:
     megatron = _actions(_megatron_parser())
     plan = _actions(build_parser())
     unset = DPScheduleOptions.from_args(argparse.Namespace(dp_schedule=True))
@@ -77,11 +75,16 @@ def test_both_parsers_walk_the_table_with_the_same_defaults_and_choices() -> Non
 
 
 def test_one_list_of_values_per_option() -> None:
-    from megatron_dpsched.megatron import collate, feeds
-    from megatron_dpsched.options import BY_STEM
+    from megatron_dpsched.megatron import collate
+    from megatron_dpsched.options import BY_NAME
 
-    assert feeds.VERIFY_LEVELS == BY_STEM["verify"].choices
-    assert set(collate.FORMATS) == set(BY_STEM["collate-format"].choices)
+    assert collate.FORMATS == BY_NAME["collate_format"].choices
+    with pytest.raises(OptionError, match="^--dp-schedule-verify must be one of off, check, strict; got 'loud'"):
+        ScheduledDataIterator(build_dp_schedule([3, 4], dp_size=1, global_batch_size=2, micro_batch_size=1), rank=0,
+                              samples=[], verify="loud", vocab_size=None)
+    with pytest.raises(OptionError, match="^--dp-schedule-cap-counts must be one of padded, tokens; got 'all'"):
+        ScheduledDataIterator(build_dp_schedule([3, 4], dp_size=1, global_batch_size=2, micro_batch_size=1), rank=0,
+                              samples=[], cap_counts="all", vocab_size=None)
 
 
 @pytest.fixture(scope="module")
@@ -120,14 +123,15 @@ def test_plan_and_training_plan_the_same(given, tmp_path, monkeypatch) -> None:
         *(arg for stem, value in given.items() for arg in (f"--dp-schedule-{stem}", value))])
     args = harness.parse_megatron_args(training)
     assert args.data_parallel_size == 8
-    kwargs = schedule_kwargs_from_args(args, data_parallel_size=args.data_parallel_size)
+    setup = plan_setup_from_args(args, data_parallel_size=args.data_parallel_size)
     lengths, _ = load_sample_lengths(MT_BENCH)
-    ours = json.loads(json.dumps(build_dp_schedule(lengths, **kwargs).to_dict()))
+    ours = json.loads(json.dumps(plan_schedule(lengths, config=setup.config, cost_model=setup.cost_model).to_dict()))
     theirs = json.loads(out.read_text())
     assert theirs["num_microbatches"] == ours["num_microbatches"]
     assert theirs["micro_batch_indices"] == ours["micro_batch_indices"]
     assert theirs == ours  # config (step-time model, padding) and costs too
     if not given:  # the step-time objective with training's 2 ms per micro-batch, more than the fewest
         assert ours["config"]["step_time_model"]["seconds_per_microbatch"] == 0.002
-        fewest = build_dp_schedule(lengths, **{**kwargs, "step_time_model": None})
+        fewest = plan_schedule(lengths, config=dataclasses.replace(setup.config, step_time_model=None),
+                               cost_model=setup.cost_model)
         assert sum(ours["num_microbatches"]) > sum(fewest.num_microbatches)

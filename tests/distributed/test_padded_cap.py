@@ -10,8 +10,8 @@ import harness
 import pytest
 import torch
 
-from megatron_dpsched import build_dp_schedule
-from megatron_dpsched.megatron.arguments import schedule_kwargs_from_args
+from megatron_dpsched import plan_schedule
+from megatron_dpsched.megatron.arguments import plan_setup_from_args
 from megatron_dpsched.megatron.collate import (
     CollateConfig,
     collate_micro_batch,
@@ -60,9 +60,9 @@ def _sample(length: int) -> dict[str, torch.Tensor]:
 
 def _collated_sizes(args: Any, lengths: list[int]) -> list[tuple[int, int]]:
     """``(samples, numel of the collated token tensor)`` of every micro-batch of every rank of the plan."""
-    kwargs = schedule_kwargs_from_args(args, data_parallel_size=args.data_parallel_size)
+    setup = plan_setup_from_args(args, data_parallel_size=args.data_parallel_size)
     collate = collate_config_from_args(args)
-    plan = build_dp_schedule(lengths, **kwargs)
+    plan = plan_schedule(lengths, config=setup.config, cost_model=setup.cost_model)
     plan.check()
     sizes = []
     for rank in range(plan.dp_size):
@@ -82,8 +82,8 @@ def test_every_collated_micro_batch_fits_the_cap(monkeypatch: pytest.MonkeyPatch
     args = _megatron_args(monkeypatch, flags, "--dp-schedule-collate-format", collate_format)
     collate = collate_config_from_args(args)
     assert collate == CollateConfig(format=collate_format, pad_multiple=multiple)
-    kwargs = schedule_kwargs_from_args(args, data_parallel_size=args.data_parallel_size)
-    assert (kwargs["pad_multiple"], kwargs["padded_rows"]) == (multiple, collate_format == "bshd")
+    config = plan_setup_from_args(args, data_parallel_size=args.data_parallel_size).config
+    assert (config.pad_multiple, config.padded_rows) == (multiple, collate_format == "bshd")
     require_padding_agreement(pad_multiple=multiple, padded_rows=collate_format == "bshd", collate=collate,
                               counts_padding=True)
     cap = CAP * args.context_parallel_size  # the cap is per GPU; a CP group shares each micro-batch
@@ -98,8 +98,8 @@ def test_counting_real_tokens_overflows_the_collated_tensors(monkeypatch: pytest
     """The old meaning, kept behind --dp-schedule-cap-counts tokens: bshd rows and padding go past the cap."""
     args = _megatron_args(monkeypatch, LAYOUTS[layout][0], "--dp-schedule-collate-format", "bshd",
                           "--dp-schedule-cap-counts", "tokens")
-    kwargs = schedule_kwargs_from_args(args, data_parallel_size=args.data_parallel_size)
-    assert (kwargs["pad_multiple"], kwargs["padded_rows"]) == (1, False)
+    config = plan_setup_from_args(args, data_parallel_size=args.data_parallel_size).config
+    assert (config.pad_multiple, config.padded_rows) == (1, False)
     cap = CAP * args.context_parallel_size
     assert any(count > 1 and numel > cap for count, numel in _collated_sizes(args, _lengths(cap)))
 

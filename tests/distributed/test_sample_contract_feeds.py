@@ -11,7 +11,7 @@ import harness
 import pytest
 import torch
 
-from megatron_dpsched import DPSchedule, build_dp_schedule
+from megatron_dpsched import DPSchedule, ScheduleConfig, build_dp_schedule
 from megatron_dpsched.data import TokenJsonlDataset, write_token_jsonl
 from megatron_dpsched.data.contract import SampleContractError
 from megatron_dpsched.megatron import CollateConfig, ScheduledDataIterator, ScheduledDatasetLoader
@@ -177,7 +177,7 @@ def test_the_dataset_feed_names_the_sample_of_an_id_outside_the_vocabulary(tmp_p
     rows = [[1, 2, 3, 4]] * 7 + [[1, 2, VOCAB + 3, 4]]
     data = TokenJsonlDataset(write_token_jsonl(tmp_path / "rows.jsonl", rows))
     loader = ScheduledDatasetLoader(data, lengths=data.lengths, rank=0, vocab_size=VOCAB,
-                                    schedule_kwargs=dict(dp_size=1, global_batch_size=8, max_tokens_per_gpu=12,
+                                    config=ScheduleConfig(dp_size=1, global_batch_size=8, max_tokens_per_gpu=12,
                                                          padded_rows=True))
     with pytest.raises(SampleContractError, match=rf"dp-schedule step 0, data-parallel rank 0: sample 7: 'tokens' "
                                                   rf"holds {VOCAB + 3}, outside the padded vocabulary \[0, {VOCAB}\)"):
@@ -189,7 +189,7 @@ def test_the_dataset_feed_names_the_sample_of_an_id_outside_the_vocabulary(tmp_p
     with pytest.raises(ValueError, match="TokenJsonlDataset holds 8 samples, but the plan "
                                          "reads sample ids up to 8"):
         ScheduledDatasetLoader(data, lengths=[*data.lengths, 3], rank=0, vocab_size=VOCAB,
-                               schedule_kwargs=dict(dp_size=1, global_batch_size=9, max_tokens_per_gpu=12,
+                               config=ScheduleConfig(dp_size=1, global_batch_size=9, max_tokens_per_gpu=12,
                                                     padded_rows=True))
 
 

@@ -1,4 +1,4 @@
-"""Every option acts or is refused: the table's ``needs`` rules, finite numbers, training's flags checked before
+"""Every option acts or is refused: the fields' ``needs`` rules, finite numbers, training's flags checked before
 Megatron parses them (:func:`check_argv`), and the what-if tool's refusals (no torch)."""
 
 from __future__ import annotations
@@ -9,19 +9,17 @@ from pathlib import Path
 
 import pytest
 
+from megatron_dpsched import options
 from megatron_dpsched.cli import MAX_PARALLEL, build_parser, main
 from megatron_dpsched.options import (
-    BY_STEM,
+    BY_NAME,
     GIVEN,
     OPTIONS,
     PLAN_PREFIX,
-    TRAINING_PREFIX,
+    DPScheduleOptions,
     OptionError,
     Setting,
-    check_argv,
     check_setting,
-    exit_on_bad_flags,
-    markdown,
 )
 
 CAP = ["--dp-schedule-max-tokens-per-gpu", "64"]
@@ -29,8 +27,9 @@ NUMBERS = [option for option in OPTIONS if option.kind is not str]
 
 
 def _setting(given: dict[str, object], *, pp_size: int = 1, has_model: bool = True) -> Setting:
-    values = {option.stem: given.get(option.stem, option.default) for option in OPTIONS}
-    return Setting(given=frozenset(given), values=values, pp_size=pp_size, has_model=has_model)
+    names = {stem.replace("-", "_"): value for stem, value in given.items()}
+    return Setting(options=DPScheduleOptions(enabled=True, **names), given=frozenset(names), pp_size=pp_size,
+                   has_model=has_model)
 
 
 # (given options, pp size, the option refused, the other flag its error names); None: every given option acts
@@ -75,18 +74,18 @@ def test_a_given_option_that_would_not_act_is_refused_naming_it_and_the_deciding
 def test_options_without_a_rule_act_under_any_flags() -> None:
     free = {"max-tokens-per-gpu": 64, "balance": "none", "objective": "micro-batches", "microbatch-order":
             "pipeline", "collate-format": "bshd", "verify": "strict", "prefetch": "off"}
-    assert all(BY_STEM[stem].needs is None for stem in free)
+    assert all(BY_NAME[stem.replace("-", "_")].needs is None for stem in free)
     for pp_size in (1, 4):
         check_setting(_setting(free, pp_size=pp_size))
         check_setting(_setting({stem: value for stem, value in free.items() if stem != "max-tokens-per-gpu"}))
 
 
 def test_the_what_if_tool_times_every_step_so_the_step_time_options_always_act_there() -> None:
-    values = {option.stem: option.default for option in OPTIONS}
-    setting = Setting(given=frozenset({"microbatch-overhead-ms", "cost-model"}), values={**values, "balance":
-                      "tokens"}, prefix=PLAN_PREFIX, pp_flag="--pp-size", times_every_step=True)
+    setting = Setting(options=DPScheduleOptions(balance="tokens"), given=frozenset({"microbatch_overhead_ms",
+                      "cost_model"}), prefix=PLAN_PREFIX, pp_flag="--pp-size", times_every_step=True)
     check_setting(setting)
-    capped = Setting(given=frozenset({"cap-counts"}), values=values, prefix=PLAN_PREFIX, times_every_step=True)
+    capped = Setting(options=DPScheduleOptions(), given=frozenset({"cap_counts"}), prefix=PLAN_PREFIX,
+                     times_every_step=True)
     with pytest.raises(OptionError, match="^--cap-counts has no effect without --max-tokens-per-gpu "):
         check_setting(capped)
 
@@ -101,12 +100,12 @@ def test_every_number_is_finite_and_in_range_on_both_sides(option) -> None:
 
 
 def test_the_docs_say_when_each_option_acts() -> None:
-    page = markdown()
+    page = options.markdown()
     for option in OPTIONS:
         (row,) = [line for line in page.splitlines() if line.startswith(f"| `{option.flag}` |")]
         assert ("refused otherwise" in row) == (option.needs is not None), option.stem
         if option.needs is not None:
-            assert option.needs_text.format(p=TRAINING_PREFIX) in row
+            assert option.needs_text in row
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -129,7 +128,7 @@ def test_the_docs_say_when_each_option_acts() -> None:
 ])
 def test_check_argv_refuses_our_bad_flags_in_one_line(argv, message) -> None:
     with pytest.raises(OptionError) as raised:
-        check_argv(argv)
+        options.check_argv(argv)
     assert message in str(raised.value) and "\n" not in str(raised.value)
     assert raised.value.option.startswith("--dp-schedule")
 
@@ -145,17 +144,17 @@ def test_check_argv_refuses_our_bad_flags_in_one_line(argv, message) -> None:
     ["--dp-schedule", *CAP, "--yaml-cfg", "run.yaml", "--dp-schedule-microbatch-overhead-ms", "3"],
 ])
 def test_check_argv_leaves_megatron_flags_and_acting_options_alone(argv) -> None:
-    check_argv(argv)
+    options.check_argv(argv)
 
 
 def test_exit_on_bad_flags_prints_one_line_and_exits_2(capsys) -> None:
     with pytest.raises(SystemExit) as stop:
-        exit_on_bad_flags(["--dp-schedule", "--dp-schedule-verify", "loud"], prog="train.py")
+        options.exit_on_bad_flags(["--dp-schedule", "--dp-schedule-verify", "loud"], prog="train.py")
     assert stop.value.code == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("\n") == 1
     assert captured.err.startswith("train.py: error: argument --dp-schedule-verify: invalid choice: 'loud'")
-    exit_on_bad_flags(["--dp-schedule", "--dp-schedule-verify", "check"], prog="train.py")
+    options.exit_on_bad_flags(["--dp-schedule", "--dp-schedule-verify", "check"], prog="train.py")
 
 
 # --- the what-if tool --------------------------------------------------------------------------------------
@@ -181,8 +180,8 @@ LAYOUT = ["--dp-size", "2", "--global-batch-size", "4"]
 
 def test_plan_records_which_options_were_given() -> None:
     args = build_parser().parse_args(["plan", "x", *LAYOUT, "--max-tokens-per-gpu", "9", "--balance", "cost"])
-    assert getattr(args, GIVEN) == {"max-tokens-per-gpu", "balance"}
-    assert args.balance_growth == BY_STEM["balance-growth"].default
+    assert getattr(args, GIVEN) == {"max_tokens_per_gpu", "balance"}
+    assert args.balance_growth == BY_NAME["balance_growth"].default
 
 
 @pytest.mark.parametrize(("extra", "message"), [
