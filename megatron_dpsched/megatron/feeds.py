@@ -343,6 +343,29 @@ class StepFeed(ABC):
         return iterators if len(iterators) > 1 else iterators[0]
 
 
+def find_step_feed(data_iterator: Any) -> StepFeed | None:
+    """The :class:`StepFeed` behind Megatron's ``data_iterator`` (one, a list, or rerun-wrapped)."""
+    iterators = data_iterator if isinstance(data_iterator, list) else [data_iterator]
+    feeds = {id(f): f for f in (_feed_of(it) for it in iterators) if f is not None}
+    if not feeds:
+        return None
+    if len(feeds) > 1 or any(_feed_of(it) is None for it in iterators):
+        raise ValueError("dp-schedule: all model chunks' data iterators must come from one feed")
+    return next(iter(feeds.values()))
+
+
+def is_replaying(data_iterator: Any) -> bool:
+    """Whether Megatron's rerun state machine is replaying the current step's saved micro-batches."""
+    iterators = data_iterator if isinstance(data_iterator, list) else [data_iterator]
+    return any(getattr(it, "replaying", False) for it in iterators)
+
+
+def _feed_of(iterator: Any) -> StepFeed | None:
+    inner = getattr(iterator, "iterable", iterator)  # RerunDataIterator keeps the original here
+    feed = getattr(inner, "feed", None)
+    return feed if isinstance(feed, StepFeed) else None
+
+
 def _sample_getter(samples: SampleSource) -> Callable[[int], Mapping[str, Any]]:
     if callable(samples):
         return samples

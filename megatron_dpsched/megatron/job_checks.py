@@ -52,7 +52,7 @@ from megatron_dpsched.job_identity import (
     state_json,
 )
 from megatron_dpsched.megatron.arguments import DPScheduleOptions, PlanSetup, plan_setup_from_args
-from megatron_dpsched.megatron.feeds import ScheduledDatasetLoader, StepBatches, StepFeed
+from megatron_dpsched.megatron.feeds import ScheduledDatasetLoader, StepBatches, StepFeed, find_step_feed
 from megatron_dpsched.megatron.ranks import global_rank, print_rank_0
 
 DATA_FLAGS = ("data_path", "train_data_path", "valid_data_path", "test_data_path", "split", "data_args_path",
@@ -169,8 +169,6 @@ def agree_on_this_job(args: Any) -> JobIdentity:
 def write_state(iteration: int, *, train_data_iterator: Any) -> None:
     """On global rank 0 with ``--dp-schedule``: the state file of the checkpoint of ``iteration``."""
     from megatron.training.global_vars import get_args
-
-    from megatron_dpsched.megatron.hooks import find_step_feed
 
     args = get_args()
     identity = _state.get("identity")

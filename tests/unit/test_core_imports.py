@@ -13,13 +13,6 @@ import megatron_dpsched
 ROOT = "megatron_dpsched"
 CORE = f"{ROOT}.core"
 
-KNOWN_CIRCLES = {
-    # issue 25: removed when the patch registry lands
-    (f"{ROOT}.megatron.job_checks", f"{ROOT}.megatron.hooks"),
-}
-"""Imports that close a circle known today, as (importer, imported); the package test leaves them out."""
-
-
 def package_sources(package: str = ROOT) -> tuple[dict[str, str], set[str]]:
     """Every module of ``package`` and its subpackages (name -> source text), and which names are packages."""
     folder = Path(megatron_dpsched.__file__).parent.joinpath(*package.split(".")[1:])
@@ -127,9 +120,6 @@ def test_no_module_of_the_package_imports_a_circle() -> None:
     graph = import_graph()
     assert {f"{ROOT}.whatif.sweep", f"{ROOT}.megatron.hooks", f"{ROOT}.core.schedule", f"{ROOT}.cli"} <= set(graph)
     assert f"{ROOT}.whatif.plots" in graph[f"{ROOT}.whatif.sweep"]  # a lazy import counts
-    for importer, imported in KNOWN_CIRCLES:
-        assert imported in graph[importer], f"{importer} no longer imports {imported}: delete it from KNOWN_CIRCLES"
-        graph[importer] = graph[importer] - {imported}
     cycle = find_cycle(graph)
     assert cycle is None, "import circle: " + " -> ".join(cycle)
 
