@@ -26,7 +26,7 @@ from megatron_dpsched.job_identity import rank_ranges
 from megatron_dpsched.megatron.feeds import StepBatches, StepFeed
 
 
-def _group_device() -> torch.device:
+def group_device() -> torch.device:
     """Where the default group's collectives run: the current GPU with NCCL, else the host."""
     import torch.distributed as dist
 
@@ -41,7 +41,7 @@ def agree_on_step(feed: StepFeed, step: StepBatches) -> None:
 
     if not (dist.is_available() and dist.is_initialized()):
         return
-    device = _group_device()
+    device = group_device()
     bounds = torch.tensor([step.fingerprint, -step.fingerprint], dtype=torch.int64, device=device)
     dist.all_reduce(bounds, op=dist.ReduceOp.MAX)
     highest, lowest = int(bounds[0]), -int(bounds[1])

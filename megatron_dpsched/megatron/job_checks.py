@@ -136,12 +136,12 @@ def agree_on_job(identity: JobIdentity) -> None:
     """Raise ``ValueError`` on every rank unless every rank of the default group holds ``identity``."""
     import torch.distributed as dist
 
-    from megatron_dpsched.megatron.agreement import _group_device
+    from megatron_dpsched.megatron.agreement import group_device
 
     if not (dist.is_available() and dist.is_initialized()):
         return
     digests = identity.digests()
-    bounds = torch.tensor([*digests, *(-d for d in digests)], dtype=torch.int64, device=_group_device())
+    bounds = torch.tensor([*digests, *(-d for d in digests)], dtype=torch.int64, device=group_device())
     dist.all_reduce(bounds, op=dist.ReduceOp.MAX)
     values = bounds.tolist()
     if not mismatched_fields(values[:len(FIELDS)], [-v for v in values[len(FIELDS):]]):
