@@ -78,8 +78,8 @@ from megatron_dpsched.megatron.checks import (  # noqa: E402
     exit_on_bad_flags,
 )
 from megatron_dpsched.megatron.failures import debug_requested, exit_with_line, one_line_errors  # noqa: E402
-from megatron_dpsched.megatron.ranks import print_rank_0  # noqa: E402
 from megatron_dpsched.megatron.step_stats import StepRecorder, record_steps, write_plan  # noqa: E402
+from megatron_dpsched.runtime.ranks import print_rank_0  # noqa: E402
 
 DRY_RUN_FLAG = "--cpu-dry-run"
 _state: dict[str, Any] = {}

@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from megatron_dpsched.job_identity import rank_ranges
 from megatron_dpsched.megatron.feeds import StepBatches, StepFeed
+from megatron_dpsched.runtime.job_identity import rank_ranges
 
 
 def group_device() -> torch.device:

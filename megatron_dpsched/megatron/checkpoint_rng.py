@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from megatron_dpsched.megatron.ranks import print_rank_0
+from megatron_dpsched.runtime.ranks import print_rank_0
 
 
 def keep_checkpoint_rng_layout(args: Any) -> None:

@@ -37,7 +37,7 @@ from pathlib import Path
 from types import TracebackType
 
 import megatron_dpsched
-from megatron_dpsched.megatron.ranks import global_rank
+from megatron_dpsched.runtime.ranks import global_rank
 
 DEBUG_ENV = "DPSCHED_DEBUG"
 """Set to 1 to get the traceback instead of the one line."""

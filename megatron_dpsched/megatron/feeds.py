@@ -61,10 +61,10 @@ from megatron_dpsched.data.contract import (
     validate_sample,
 )
 from megatron_dpsched.data.sampling import SampleOrder
-from megatron_dpsched.job_identity import fold_digests
 from megatron_dpsched.megatron.collate import CollateConfig, collate_micro_batch, require_padding_agreement
 from megatron_dpsched.megatron.prefetch import PreparedStep, StepPrefetcher
 from megatron_dpsched.options import BY_NAME
+from megatron_dpsched.runtime.job_identity import fold_digests
 
 SampleSource = Callable[[int], Mapping[str, Any]] | Sequence[Mapping[str, Any]]
 

@@ -5,14 +5,14 @@ Two hook functions wrap names of ``megatron.training.training``; they are rows o
 or without ``--dp-schedule``), and the source patch wraps the same names with them:
 
 1. :func:`with_job_checks` wraps ``setup_model_and_optimizer``: first, every rank of the default process
-   group agrees on the :class:`~megatron_dpsched.job_identity.JobIdentity` of its arguments
+   group agrees on the :class:`~megatron_dpsched.runtime.job_identity.JobIdentity` of its arguments
    (:func:`identity_from_args`: ``--dp-schedule`` on or off, the ``--dp-schedule-*`` options, the planner
    config, the data flags and their files' sizes and checksums): one all-reduce of a vector of field digests
    with MAX (and of their negatives), on the GPU with NCCL, on the host with gloo. A field that differs
    raises the same ``ValueError`` on every rank, naming the field and the ranks of each value, before any
    model exists (a rank without ``--dp-schedule`` fails as fast as the others instead of leaving them
    waiting in a collective that it never joins). Then Megatron's function (which loads ``--load``); on a
-   resume with ``--dp-schedule`` the checkpoint's :data:`~megatron_dpsched.job_identity.STATE_FILE` is
+   resume with ``--dp-schedule`` the checkpoint's :data:`~megatron_dpsched.runtime.job_identity.STATE_FILE` is
    compared with this job: a change of data or options raises ``ValueError`` naming it, unless
    ``--dp-schedule-changed-resume allow``, which logs what changed.
 2. :func:`with_state_file` wraps ``save_checkpoint``: after Megatron's save, global rank 0 writes the
@@ -32,7 +32,9 @@ from typing import Any
 import torch
 
 from megatron_dpsched.core.config import ScheduleConfig
-from megatron_dpsched.job_identity import (
+from megatron_dpsched.megatron.arguments import DPScheduleOptions, PlanSetup, plan_setup_from_args
+from megatron_dpsched.megatron.feeds import ScheduledDatasetLoader, StepBatches, StepFeed, find_step_feed
+from megatron_dpsched.runtime.job_identity import (
     DATA_CONTENT,
     DATA_PATHS,
     DATA_SIZES,
@@ -51,9 +53,7 @@ from megatron_dpsched.job_identity import (
     resume_changes,
     state_json,
 )
-from megatron_dpsched.megatron.arguments import DPScheduleOptions, PlanSetup, plan_setup_from_args
-from megatron_dpsched.megatron.feeds import ScheduledDatasetLoader, StepBatches, StepFeed, find_step_feed
-from megatron_dpsched.megatron.ranks import global_rank, print_rank_0
+from megatron_dpsched.runtime.ranks import global_rank, print_rank_0
 
 DATA_FLAGS = ("data_path", "train_data_path", "valid_data_path", "test_data_path", "split", "data_args_path",
               "per_split_data_args_path", "mock_data")
@@ -102,7 +102,7 @@ def reset() -> None:
 
 
 def identity_from_args(args: Any) -> JobIdentity:
-    """The fields of this job (see :mod:`megatron_dpsched.job_identity`) from Megatron's ``args``."""
+    """The fields of this job (see :mod:`megatron_dpsched.runtime.job_identity`) from Megatron's ``args``."""
     options = DPScheduleOptions.from_args(args)
     enabled = options.enabled
     flags = {flag: getattr(args, flag, None) for flag in DATA_FLAGS if getattr(args, flag, None) not in (None, False)}

@@ -31,7 +31,7 @@ from typing import Any
 
 from megatron_dpsched.megatron.collate import CollateConfig
 from megatron_dpsched.megatron.feeds import StepBatches
-from megatron_dpsched.over_cap import step_over_cap
+from megatron_dpsched.runtime.over_cap import step_over_cap
 
 PREFIX = "dp-schedule/"
 NO_LOSS_WARNING = ("WARNING: no loss token in this step (every target of its samples is ignored): the optimizer "

@@ -37,6 +37,24 @@ def _args(*argv: str, **overrides: object) -> argparse.Namespace:
     return argparse.Namespace(**{**vars(args), **defaults, **overrides})
 
 
+# --- the package's names ----------------------------------------------------------------------
+
+
+def test_every_name_of_the_package_is_the_one_its_module_holds() -> None:
+    import importlib
+
+    import megatron_dpsched.megatron as package
+
+    namespace: dict[str, object] = {}
+    exec("from megatron_dpsched.megatron import *", namespace)
+    assert set(namespace) - {"__builtins__"} == set(package.__all__)
+    for name in package.__all__:
+        module = importlib.import_module(f"megatron_dpsched.megatron.{package._EXPORTS[name]}")
+        assert namespace[name] is (module if name == "patch" else getattr(module, name)), name
+    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
+        package.not_a_name  # noqa: B018
+
+
 # --- arguments -------------------------------------------------------------------------------
 
 

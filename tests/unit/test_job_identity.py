@@ -1,4 +1,4 @@
-"""``megatron_dpsched.job_identity``: digests, which fields differ, the messages, checksums, the state file."""
+"""``megatron_dpsched.runtime.job_identity``: digests, which fields differ, the messages, checksums, the state file."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_dpsched import job_identity as ji
+from megatron_dpsched.runtime import job_identity as ji
 
 BASE = {ji.ENABLED: "on", ji.OPTIONS: "balance='cost'", ji.RUNTIME_OPTIONS: "prefetch=True",
         ji.PLANNER: "dp_size=2", ji.DATA_PATHS: "data_path=['a.jsonl']", ji.DATA_SIZES: "a.jsonl: 10 bytes",
