@@ -65,6 +65,7 @@ from megatron_dpsched.megatron.collate import CollateConfig, collate_micro_batch
 from megatron_dpsched.megatron.prefetch import PreparedStep, StepPrefetcher
 from megatron_dpsched.options import BY_NAME
 from megatron_dpsched.runtime.job_identity import fold_digests
+from megatron_dpsched.runtime.megatron_state import megatron_args
 
 SampleSource = Callable[[int], Mapping[str, Any]] | Sequence[Mapping[str, Any]]
 
@@ -378,10 +379,7 @@ def resolve_vocab_size(vocab_size: int | str | None) -> int | None:
     if vocab_size is None:
         return None
     if vocab_size == "megatron":
-        from megatron.training import global_vars
-
-        args = getattr(global_vars, "_GLOBAL_ARGS", None)  # get_args() asserts when unset
-        found = getattr(args, "padded_vocab_size", None)
+        found = getattr(megatron_args(), "padded_vocab_size", None)
         if found is None:
             raise ValueError("vocab_size='megatron' reads Megatron's args.padded_vocab_size, which is not set "
                              "(Megatron is not initialized); give vocab_size=<the model's padded vocabulary size>, "
@@ -510,10 +508,7 @@ class ScheduledDataIterator(StepFeed):
 
 def _megatron_consumed_train_samples() -> int:
     """Megatron's ``args.consumed_train_samples`` (0 without Megatron's global arguments)."""
-    from megatron.training import global_vars
-
-    args = getattr(global_vars, "_GLOBAL_ARGS", None)  # get_args() asserts when unset
-    return int(getattr(args, "consumed_train_samples", 0) or 0)
+    return int(getattr(megatron_args(), "consumed_train_samples", 0) or 0)
 
 
 class ScheduledDatasetLoader(StepFeed):

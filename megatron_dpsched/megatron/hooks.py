@@ -68,6 +68,7 @@ from megatron_dpsched.megatron.job_checks import check_resumed_step
 from megatron_dpsched.megatron.job_checks import with_job_checks as with_job_checks
 from megatron_dpsched.megatron.job_checks import with_state_file as with_state_file
 from megatron_dpsched.megatron.step_stats import with_step_stats as with_step_stats
+from megatron_dpsched.runtime.megatron_state import megatron_args, megatron_timers
 
 _GROUP_FLAG = "--microbatch-group-size-per-virtual-pipeline-stage"
 
@@ -122,10 +123,7 @@ def on_training_log(iteration: int) -> None:
 
 
 def _dp_schedule_off() -> bool:
-    from megatron.training import global_vars
-
-    args = getattr(global_vars, "_GLOBAL_ARGS", None)  # get_args() asserts when unset
-    return getattr(args, "dp_schedule", None) is False
+    return getattr(megatron_args(), "dp_schedule", None) is False
 
 
 def scheduled_forward_backward(forward_backward_func: Callable[..., Any]) -> Callable[..., Any]:
@@ -159,9 +157,7 @@ def scheduled_forward_backward(forward_backward_func: Callable[..., Any]) -> Cal
 def begin_step_timed(feed: StepFeed) -> StepBatches:
     """``feed.begin_step()`` inside Megatron's ``batch-generator`` timer (the wait for the step's plan, which
     the forward step's reads do not see; with prefetching only what the background thread has not done)."""
-    from megatron.training import global_vars
-
-    timers = getattr(global_vars, "_GLOBAL_TIMERS", None)  # get_timers() asserts when unset
+    timers = megatron_timers()
     if timers is None:
         return feed.begin_step()
     timer = timers("batch-generator", log_level=2)

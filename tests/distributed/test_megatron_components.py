@@ -55,6 +55,20 @@ def test_every_name_of_the_package_is_the_one_its_module_holds() -> None:
         package.not_a_name  # noqa: B018
 
 
+def test_megatron_state_reads_megatrons_global_arguments_and_timers(monkeypatch: pytest.MonkeyPatch) -> None:
+    from megatron.training import global_vars
+
+    from megatron_dpsched.runtime.megatron_state import megatron_args, megatron_timers
+
+    monkeypatch.setattr(global_vars, "_GLOBAL_ARGS", None)
+    monkeypatch.setattr(global_vars, "_GLOBAL_TIMERS", None)
+    assert megatron_args() is None and megatron_timers() is None
+    args, timers = types.SimpleNamespace(dp_schedule=True), object()
+    monkeypatch.setattr(global_vars, "_GLOBAL_ARGS", args)
+    monkeypatch.setattr(global_vars, "_GLOBAL_TIMERS", timers)
+    assert megatron_args() is global_vars.get_args() is args and megatron_timers() is global_vars.get_timers()
+
+
 # --- arguments -------------------------------------------------------------------------------
 
 

@@ -15,7 +15,7 @@ RUNTIME = f"{ROOT}.runtime"
 TORCH_FREE = sorted(package_sources(RUNTIME)[0]) + [f"{ROOT}.megatron", f"{ROOT}.megatron.failures"]
 
 
-def _loaded_after_import(module: str, *, then: str = "") -> list[str]:
+def loaded_after_import(module: str, *, then: str = "") -> list[str]:
     """The top-level packages among torch and megatron that ``import module`` (then ``then``) loads."""
     code = (f"import sys, {module}\n{then}\n"
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'megatron'}))")
@@ -25,14 +25,15 @@ def _loaded_after_import(module: str, *, then: str = "") -> list[str]:
 
 @pytest.mark.parametrize("module", TORCH_FREE)
 def test_importing_it_loads_neither_torch_nor_megatron(module: str) -> None:
-    assert _loaded_after_import(module) == []
+    assert loaded_after_import(module) == []
 
 
 def test_the_runtime_subpackage_holds_the_helpers() -> None:
-    assert {f"{RUNTIME}.job_identity", f"{RUNTIME}.over_cap", f"{RUNTIME}.ranks"} <= set(TORCH_FREE)
+    assert {f"{RUNTIME}.job_identity", f"{RUNTIME}.over_cap", f"{RUNTIME}.ranks", f"{RUNTIME}.megatron_state"} <= set(
+        TORCH_FREE)
 
 
 def test_the_megatron_package_lists_its_names_without_importing_them() -> None:
     listed = ("import megatron_dpsched.megatron as package\n"
               "assert set(package.__all__) <= set(dir(package)), sorted(set(package.__all__) - set(dir(package)))")
-    assert _loaded_after_import(f"{ROOT}.megatron", then=listed) == []
+    assert loaded_after_import(f"{ROOT}.megatron", then=listed) == []
