@@ -2,10 +2,10 @@
 
 From the forward-backward call of a scheduled training step until Megatron next updates its micro-batch
 calculator, the step is *active*: :func:`~megatron_dpsched.megatron.hooks.num_microbatches` answers its sample
-count in Megatron's units (:func:`accounting_count`), and the step recorder
-(:mod:`~megatron_dpsched.megatron.step_stats`) and the plan's log (:mod:`~megatron_dpsched.megatron.step_log`)
-read which step and feed it is. The hooks open and close the window (:func:`open_window`,
-:func:`close_window`); everything else only reads it.
+count in Megatron's units (:func:`accounting_count`), ``on_training_log`` logs its plan's figures
+(:mod:`~megatron_dpsched.megatron.plan_log`) and the step recorder
+(:mod:`~megatron_dpsched.megatron.step_recorder`) writes its fingerprint and data wait. The hooks open and close
+the window (:func:`open_window`, :func:`close_window`); everything else only reads it.
 """
 
 from __future__ import annotations

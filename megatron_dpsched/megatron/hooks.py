@@ -47,7 +47,7 @@ Three more wrap a function of Megatron's and are here for both integrations to c
 live with what they check or record: :func:`with_job_checks` (``setup_model_and_optimizer``) and
 :func:`with_state_file` (``save_checkpoint``) from :mod:`~megatron_dpsched.megatron.job_checks`, on
 every job, with or without ``--dp-schedule``; :func:`with_step_stats` (``train_step``) from
-:mod:`~megatron_dpsched.megatron.step_stats`, which passes through unless a step recorder records.
+:mod:`~megatron_dpsched.megatron.step_recorder`, which passes through unless a step recorder records.
 
 No plan is computed here: the plan comes from the data iterator's feed
 (:mod:`megatron_dpsched.megatron.feeds`).
@@ -67,7 +67,7 @@ from megatron_dpsched.megatron.feeds import StepBatches, StepFeed, find_step_fee
 from megatron_dpsched.megatron.job_checks import check_resumed_step
 from megatron_dpsched.megatron.job_checks import with_job_checks as with_job_checks
 from megatron_dpsched.megatron.job_checks import with_state_file as with_state_file
-from megatron_dpsched.megatron.step_stats import with_step_stats as with_step_stats
+from megatron_dpsched.megatron.step_recorder import with_step_stats as with_step_stats
 from megatron_dpsched.runtime.megatron_state import megatron_args, megatron_timers
 
 _GROUP_FLAG = "--microbatch-group-size-per-virtual-pipeline-stage"
@@ -111,10 +111,10 @@ def microbatches_run() -> int:
 
 def on_training_log(iteration: int) -> None:
     """Hook 5: after Megatron's ``training_log`` for ``iteration``, the plan's figures of the step just
-    trained (:mod:`~megatron_dpsched.megatron.step_log`)."""
+    trained (:mod:`~megatron_dpsched.megatron.plan_log`)."""
     step, feed = active_step(), active_feed()
     if step is not None and feed is not None:
-        from megatron_dpsched.megatron.step_log import log_step
+        from megatron_dpsched.megatron.plan_log import log_step
 
         log_step(step, feed.collate, iteration=iteration)
 

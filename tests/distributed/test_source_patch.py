@@ -37,7 +37,7 @@ from megatron_dpsched.data import write_token_jsonl
 from megatron_dpsched.megatron import hooks
 from megatron_dpsched.megatron.accounting import active_step
 from megatron_dpsched.megatron.patch import LOOPS, MEGATRON_LM
-from megatron_dpsched.megatron.step_stats import load_step_records
+from megatron_dpsched.megatron.step_recorder import load_step_records
 from megatron_dpsched.runtime.job_identity import FIELDS
 
 pytestmark = pytest.mark.distributed
