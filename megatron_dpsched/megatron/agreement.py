@@ -51,10 +51,10 @@ def agree_on_step(feed: StepFeed, step: StepBatches) -> None:
     everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(everyone, mine)
     held = [(int(s), int(f)) for s, f, _ in everyone]
-    raise ValueError(disagreement_message(feed.name, held, contents=[int(c) for _, _, c in everyone]))
+    raise ValueError(plan_disagreement_message(feed.name, held, contents=[int(c) for _, _, c in everyone]))
 
 
-def disagreement_message(feed_name: str, held: list[tuple[int, int]], *, contents: list[int] | None = None) -> str:
+def plan_disagreement_message(feed_name: str, held: list[tuple[int, int]], *, contents: list[int] | None = None) -> str:
     """One message naming, for each distinct (step, fingerprint), the global ranks that hold it; with
     ``contents`` (each rank's digest of its step's sample content) that differ, the ranks of each content."""
     ranks: dict[tuple[int, int], list[int]] = defaultdict(list)

@@ -63,15 +63,13 @@ from typing import Any
 from megatron_dpsched.core.alignment import PipelineLayout
 from megatron_dpsched.megatron.accounting import accounting_count, active_feed, active_step, close_window, open_window
 from megatron_dpsched.megatron.agreement import agree_on_step, log_first_step
+from megatron_dpsched.megatron.arguments import GROUP_FLAG
 from megatron_dpsched.megatron.feeds import StepBatches, StepFeed, find_step_feed, is_replaying
 from megatron_dpsched.megatron.job_checks import check_resumed_step
 from megatron_dpsched.megatron.job_checks import with_job_checks as with_job_checks
 from megatron_dpsched.megatron.job_checks import with_state_file as with_state_file
 from megatron_dpsched.megatron.step_recorder import with_step_stats as with_step_stats
 from megatron_dpsched.runtime.megatron_state import megatron_args, megatron_timers
-
-_GROUP_FLAG = "--microbatch-group-size-per-virtual-pipeline-stage"
-
 
 # --- the hooks -------------------------------------------------------------------------------
 
@@ -195,7 +193,7 @@ def check_interleaved_count(num_microbatches: int, model: Any) -> None:
     if group < pp or not layout.is_legal(num_microbatches):
         raise ValueError(
             f"dp-schedule planned {num_microbatches} micro-batches, which the interleaved schedule "
-            f"rejects with {_GROUP_FLAG}={group} and PP={pp}; the plan and the model config disagree"
+            f"rejects with {GROUP_FLAG}={group} and PP={pp}; the plan and the model config disagree"
         )
 
 

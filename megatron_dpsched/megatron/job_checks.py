@@ -35,19 +35,19 @@ from megatron_dpsched.core.config import ScheduleConfig
 from megatron_dpsched.megatron.arguments import DPScheduleOptions, PlanSetup, plan_setup_from_args
 from megatron_dpsched.megatron.feeds import ScheduledDatasetLoader, StepBatches, StepFeed, find_step_feed
 from megatron_dpsched.runtime.job_identity import (
-    DATA_CONTENT,
-    DATA_PATHS,
-    DATA_SIZES,
-    ENABLED,
+    DATA_CONTENT_FIELD,
+    DATA_PATHS_FIELD,
+    DATA_SIZES_FIELD,
+    ENABLED_FIELD,
     FIELDS,
-    OPTIONS,
-    PLANNER,
-    RUNTIME_OPTIONS,
+    OPTIONS_FIELD,
+    PLANNER_FIELD,
+    RUN_TIME_OPTIONS_FIELD,
     STATE_FILE,
     JobIdentity,
     data_files,
-    disagreement_message,
     file_checksum,
+    job_disagreement_message,
     mismatched_fields,
     read_state,
     resume_changes,
@@ -107,15 +107,15 @@ def identity_from_args(args: Any) -> JobIdentity:
     enabled = options.enabled
     flags = {flag: getattr(args, flag, None) for flag in DATA_FLAGS if getattr(args, flag, None) not in (None, False)}
     files = data_files(word for value in flags.values() for word in _words(value))
+    setup = plan_setup_from_args(args, data_parallel_size=args.data_parallel_size) if enabled else None
     return JobIdentity(fields=(
-        (ENABLED, "on" if enabled else "off"),
-        (OPTIONS, _listing(options.option_values(run_time=False)) if enabled else "-"),
-        (RUNTIME_OPTIONS, _listing(options.option_values(run_time=True)) if enabled else "-"),
-        (PLANNER, planner_summary(plan_setup_from_args(args, data_parallel_size=args.data_parallel_size), args=args)
-         if enabled else "-"),
-        (DATA_PATHS, _listing(flags)),
-        (DATA_SIZES, ", ".join(f"{path}: {os.path.getsize(path)} bytes" for path in files) or "-"),
-        (DATA_CONTENT, ", ".join(f"{path}: {file_checksum(path)}" for path in files) or "-"),
+        (ENABLED_FIELD, "on" if enabled else "off"),
+        (OPTIONS_FIELD, _listing(options.option_values(run_time=False)) if enabled else "-"),
+        (RUN_TIME_OPTIONS_FIELD, _listing(options.option_values(run_time=True)) if enabled else "-"),
+        (PLANNER_FIELD, planner_summary(setup, args=args) if setup is not None else "-"),
+        (DATA_PATHS_FIELD, _listing(flags)),
+        (DATA_SIZES_FIELD, ", ".join(f"{path}: {os.path.getsize(path)} bytes" for path in files) or "-"),
+        (DATA_CONTENT_FIELD, ", ".join(f"{path}: {file_checksum(path)}" for path in files) or "-"),
     ))
 
 
@@ -148,7 +148,7 @@ def agree_on_job(identity: JobIdentity) -> None:
         return
     held: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(held, identity)
-    raise ValueError(disagreement_message(held))
+    raise ValueError(job_disagreement_message(held))
 
 
 def agree_on_this_job(args: Any) -> JobIdentity:
