@@ -36,7 +36,8 @@ The hooks:
    It also feeds the step's real sample lengths to Megatron's
    ``update_seqlen_stats_from_cu_seqlens``, so the logged TFLOP/s count real tokens.
 3. :func:`on_update_num_microbatches` closes that window; Megatron calls it
-   right before ``update_num_microbatches``.
+   right before ``update_num_microbatches``. The window (which step is in progress, of which
+   feed) is kept in :mod:`~megatron_dpsched.megatron.accounting`, which the step recorder reads.
 4. :func:`microbatches_run` is the scale of the auxiliary losses (MoE, MTP, DSA
    indexer) that ``training_log`` sums over a step's micro-batches: the micro-batches
    the step really ran, where Megatron divides by ``get_num_microbatches()``.
