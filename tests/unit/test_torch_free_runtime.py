@@ -5,6 +5,7 @@ check runs in a fresh interpreter, so what other tests imported does not count."
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -17,10 +18,10 @@ TORCH_FREE = sorted(package_sources(RUNTIME)[0]) + [f"{ROOT}.megatron", f"{ROOT}
 
 def loaded_after_import(module: str, *, then: str = "") -> list[str]:
     """The top-level packages among torch and megatron that ``import module`` (then ``then``) loads."""
-    code = (f"import sys, {module}\n{then}\n"
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'megatron'}))")
+    code = (f"import json, sys, {module}\n{then}\n"
+            "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'megatron'})))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return eval(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("module", TORCH_FREE)
