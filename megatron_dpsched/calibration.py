@@ -1,7 +1,7 @@
 """Fit the step-time model's coefficients to measured step records (``megatron-dpsched calibrate``).
 
 The records are what ``scripts/pretrain_gpt_dpsched.py --step-stats-dir DIR`` writes
-(``megatron_dpsched.megatron.step_stats``): per rank and step, the micro-batch count ``M``, the sum of
+(``megatron_dpsched.megatron.step_recorder``): per rank and step, the micro-batch count ``M``, the sum of
 the sample lengths ``T`` and of their squares ``S``, and the measured seconds of the rank's
 forward and backward work (``compute_s``: Megatron's ``forward_backward_func`` without the
 gradient reduction, which waits for the slowest rank). With one pipeline stage a rank runs

@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))
 from demo import launch, model_flags, run_flags, write_corpus  # noqa: E402
 
 from megatron_dpsched.data import load_lengths, scale_lengths  # noqa: E402
-from megatron_dpsched.megatron.step_stats import load_step_records  # noqa: E402
+from megatron_dpsched.megatron.step_recorder import load_step_records  # noqa: E402
 
 
 def parse_options(argv: list[str] | None = None) -> argparse.Namespace:

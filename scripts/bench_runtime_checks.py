@@ -108,8 +108,8 @@ def _agreement_worker(rank: int, world_size: int, init_file: str, out: str) -> N
     class _Feed:
         name = "bench"
 
-    from megatron_dpsched.job_identity import FIELDS, JobIdentity
     from megatron_dpsched.megatron.job_checks import agree_on_job
+    from megatron_dpsched.runtime.job_identity import FIELDS, JobIdentity
 
     identity = JobIdentity(fields=tuple((name, f"{name} of the job") for name in FIELDS))
     step = StepBatches(step=0, micro_batches=((),), num_samples=1, fingerprint=12345)
@@ -172,9 +172,9 @@ def identity_figures(repeats: int, folder: Path) -> dict[str, float]:
     """Seconds to compute the job identity of the demo's arguments, and to checksum a 1 GiB file."""
     from megatron.training.arguments import parse_args
 
-    from megatron_dpsched.job_identity import file_checksum
     from megatron_dpsched.megatron import add_dp_schedule_args
     from megatron_dpsched.megatron.job_checks import identity_from_args
+    from megatron_dpsched.runtime.job_identity import file_checksum
 
     saved_argv = sys.argv
     sys.argv = ["bench", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",

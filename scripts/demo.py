@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from megatron_dpsched.data import load_lengths, scale_lengths, write_token_indexed, write_token_jsonl  # noqa: E402
-from megatron_dpsched.megatron.step_stats import load_plans, load_step_records  # noqa: E402
+from megatron_dpsched.megatron.step_recorder import load_plans, load_step_records  # noqa: E402
 
 VOCAB = 128
 DP = 2

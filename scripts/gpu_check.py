@@ -195,7 +195,7 @@ def measure(directory: Path, options: Namespace) -> dict[str, Any]:
     """One run's figures from its step records; the first ``--warmup-steps`` are left out of the timings."""
     from demo import per_step, totals
 
-    from megatron_dpsched.megatron.step_stats import load_step_records
+    from megatron_dpsched.megatron.step_recorder import load_step_records
 
     records = load_step_records(directory)
     steps = per_step(records)

@@ -41,7 +41,7 @@ dry run for demos and tests (``scripts/demo.py``): it refuses to start where CUD
 available, installs ``megatron_dpsched.testing.cpu_shim`` (maps CUDA placement to CPU),
 initializes Megatron with ``initialize_megatron_on_cpu`` on a gloo group, then runs
 Megatron's real ``setup_model_and_optimizer``, data-iterator builder and ``train()``.
-``--step-stats-dir DIR`` writes per-step, per-rank statistics (``megatron_dpsched.megatron.step_stats``).
+``--step-stats-dir DIR`` writes per-step, per-rank statistics (``megatron_dpsched.megatron.step_recorder``).
 """
 
 from __future__ import annotations
@@ -78,8 +78,8 @@ from megatron_dpsched.megatron.checks import (  # noqa: E402
     exit_on_bad_flags,
 )
 from megatron_dpsched.megatron.failures import debug_requested, exit_with_line, one_line_errors  # noqa: E402
-from megatron_dpsched.megatron.ranks import print_rank_0  # noqa: E402
-from megatron_dpsched.megatron.step_stats import StepRecorder, record_steps, write_plan  # noqa: E402
+from megatron_dpsched.megatron.step_recorder import StepRecorder, record_steps, write_plan  # noqa: E402
+from megatron_dpsched.runtime.ranks import print_rank_0  # noqa: E402
 
 DRY_RUN_FLAG = "--cpu-dry-run"
 _state: dict[str, Any] = {}

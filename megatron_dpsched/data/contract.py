@@ -36,7 +36,7 @@ import numpy as np
 IGNORE_INDEX = -100
 """Label value of a position that is not trained (Hugging Face's and Megatron's ``IGNORE_INDEX``)."""
 
-FIELDS = ("tokens", "labels", "loss_mask")
+SAMPLE_FIELDS = ("tokens", "labels", "loss_mask")
 """The fields of a sample the contract reads."""
 
 

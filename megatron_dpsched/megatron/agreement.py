@@ -22,11 +22,11 @@ from typing import Any
 
 import torch
 
-from megatron_dpsched.job_identity import rank_ranges
 from megatron_dpsched.megatron.feeds import StepBatches, StepFeed
+from megatron_dpsched.runtime.job_identity import rank_ranges
 
 
-def _group_device() -> torch.device:
+def group_device() -> torch.device:
     """Where the default group's collectives run: the current GPU with NCCL, else the host."""
     import torch.distributed as dist
 
@@ -41,7 +41,7 @@ def agree_on_step(feed: StepFeed, step: StepBatches) -> None:
 
     if not (dist.is_available() and dist.is_initialized()):
         return
-    device = _group_device()
+    device = group_device()
     bounds = torch.tensor([step.fingerprint, -step.fingerprint], dtype=torch.int64, device=device)
     dist.all_reduce(bounds, op=dist.ReduceOp.MAX)
     highest, lowest = int(bounds[0]), -int(bounds[1])
@@ -51,10 +51,10 @@ def agree_on_step(feed: StepFeed, step: StepBatches) -> None:
     everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(everyone, mine)
     held = [(int(s), int(f)) for s, f, _ in everyone]
-    raise ValueError(disagreement_message(feed.name, held, contents=[int(c) for _, _, c in everyone]))
+    raise ValueError(plan_disagreement_message(feed.name, held, contents=[int(c) for _, _, c in everyone]))
 
 
-def disagreement_message(feed_name: str, held: list[tuple[int, int]], *, contents: list[int] | None = None) -> str:
+def plan_disagreement_message(feed_name: str, held: list[tuple[int, int]], *, contents: list[int] | None = None) -> str:
     """One message naming, for each distinct (step, fingerprint), the global ranks that hold it; with
     ``contents`` (each rank's digest of its step's sample content) that differ, the ranks of each content."""
     ranks: dict[tuple[int, int], list[int]] = defaultdict(list)

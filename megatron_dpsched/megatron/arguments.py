@@ -20,9 +20,9 @@ from typing import Any
 
 from megatron_dpsched.core.config import ScheduleConfig
 from megatron_dpsched.core.cost import CostFunction, CostModel, CostModelFile
+from megatron_dpsched.core.padding import gemm_alignment_for, pad_multiple_for
 from megatron_dpsched.core.steptime import StepTimeModel
 from megatron_dpsched.core.validation import ArgumentError
-from megatron_dpsched.megatron.collate import gemm_alignment_for, pad_multiple_for
 from megatron_dpsched.options import (
     BY_NAME,
     NOMINAL_FLOPS_PER_GPU,

@@ -9,10 +9,10 @@ keeps it off for such a resume.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from megatron_dpsched.megatron.ranks import print_rank_0
+from megatron_dpsched.runtime.megatron_state import checkpoint_saved_args
+from megatron_dpsched.runtime.ranks import print_rank_0
 
 
 def keep_checkpoint_rng_layout(args: Any) -> None:
@@ -26,23 +26,10 @@ def keep_checkpoint_rng_layout(args: Any) -> None:
     if not getattr(args, "data_parallel_random_init", False) or not getattr(args, "load", None) \
             or getattr(args, "finetune", False):
         return
-    saved = _saved_argument(args, "data_parallel_random_init")
+    saved = getattr(checkpoint_saved_args(args), "data_parallel_random_init", None)
     if saved is False:
         args.data_parallel_random_init = False
         print_rank_0(f"dp-schedule: --load {args.load} was saved without per-rank RNG states "
                       f"(--data-parallel-random-init off, e.g. a run without --dp-schedule): this run keeps it off, "
                       f"so Megatron can load it; its ranks resume from one RNG state and save one")
 
-
-def _saved_argument(args: Any, name: str) -> object:
-    """The value of ``name`` in the arguments the ``--load`` checkpoint was saved with (Megatron's own reader of
-    the rank-0 state: the common part of a ``torch_dist`` checkpoint); ``None`` without a readable one."""
-    from megatron.training import checkpointing
-
-    if not os.path.isfile(checkpointing.get_checkpoint_tracker_filename(args.load)):
-        return None
-    try:
-        state_dict = checkpointing._load_base_checkpoint(args.load, args, rank0=True)[0]
-    except (OSError, RuntimeError, KeyError, ValueError):  # Megatron's load reports an unreadable checkpoint
-        return None
-    return getattr((state_dict or {}).get("args"), name, None)

@@ -32,7 +32,6 @@ from megatron_dpsched.megatron.arguments import (
     cost_model_file_from_args,
     schedule_config_from_args,
 )
-from megatron_dpsched.megatron.ranks import print_rank_0
 from megatron_dpsched.options import (
     OPTIONS,
     DPScheduleOptions,
@@ -43,7 +42,8 @@ from megatron_dpsched.options import (
     exit_on_bad_flags,
     without_switch,
 )
-from megatron_dpsched.over_cap import find_over_cap, over_cap_notice
+from megatron_dpsched.runtime.over_cap import find_over_cap, over_cap_notice
+from megatron_dpsched.runtime.ranks import print_rank_0
 
 __all__ = ["check_argv", "check_before_validate_args", "check_dataset_size", "check_over_cap", "check_training_data",
            "dataset_lengths", "exit_on_bad_flags", "padded_vocab_size", "validate_dp_schedule_args"]
@@ -279,7 +279,7 @@ def check_dataset_size(role: str, available: int, needed: int | None, *, args: A
 
 def check_over_cap(lengths: Sequence[int], *, config: ScheduleConfig, policy: str, role: str) -> None:
     """``--dp-schedule-over-cap``: before training, warn about (on rank 0) or refuse the samples over the plan's
-    token cap among those training will read (:func:`~megatron_dpsched.over_cap.over_cap_notice`)."""
+    token cap among those training will read (:func:`~megatron_dpsched.runtime.over_cap.over_cap_notice`)."""
     if config.token_cap is None or policy == "allow":
         return
     over = find_over_cap(lengths, token_cap=config.token_cap, pad_multiple=config.pad_multiple)

@@ -41,6 +41,7 @@ import torch
 from megatron.core.packed_seq_params import PackedSeqParams
 
 from megatron_dpsched.core.padding import gemm_alignment_for, pad_multiple_for  # noqa: F401 - re-exported
+from megatron_dpsched.data.contract import IGNORE_INDEX
 from megatron_dpsched.options import COLLATE_FORMATS
 
 FORMATS = COLLATE_FORMATS
@@ -89,10 +90,6 @@ def require_padding_agreement(
 
 def _round_up(value: int, multiple: int) -> int:
     return max(multiple, math.ceil(value / multiple) * multiple)
-
-
-IGNORE_INDEX = -100
-"""A label that is not trained (Hugging Face's and Megatron's ignore index)."""
 
 
 def _loss_mask(sample: Mapping[str, torch.Tensor]) -> torch.Tensor:

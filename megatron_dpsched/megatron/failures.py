@@ -37,7 +37,8 @@ from pathlib import Path
 from types import TracebackType
 
 import megatron_dpsched
-from megatron_dpsched.megatron.ranks import global_rank
+from megatron_dpsched.runtime.megatron_state import megatron_args
+from megatron_dpsched.runtime.ranks import global_rank
 
 DEBUG_ENV = "DPSCHED_DEBUG"
 """Set to 1 to get the traceback instead of the one line."""
@@ -139,9 +140,7 @@ def exit_with_line(error: BaseException, *, prefix: str | None = None) -> None:
 
 def _step() -> int | None:
     """The training iteration Megatron's ``train()`` is in, ``None`` before it started."""
-    global_vars = sys.modules.get("megatron.training.global_vars")
-    args = getattr(global_vars, "_GLOBAL_ARGS", None)
-    step = getattr(args, "curr_iteration", None)
+    step = getattr(megatron_args(), "curr_iteration", None)
     return step if isinstance(step, int) else None
 
 

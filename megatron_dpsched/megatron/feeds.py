@@ -61,10 +61,11 @@ from megatron_dpsched.data.contract import (
     validate_sample,
 )
 from megatron_dpsched.data.sampling import SampleOrder
-from megatron_dpsched.job_identity import fold_digests
 from megatron_dpsched.megatron.collate import CollateConfig, collate_micro_batch, require_padding_agreement
 from megatron_dpsched.megatron.prefetch import PreparedStep, StepPrefetcher
 from megatron_dpsched.options import BY_NAME
+from megatron_dpsched.runtime.job_identity import fold_digests
+from megatron_dpsched.runtime.megatron_state import megatron_args
 
 SampleSource = Callable[[int], Mapping[str, Any]] | Sequence[Mapping[str, Any]]
 
@@ -343,6 +344,29 @@ class StepFeed(ABC):
         return iterators if len(iterators) > 1 else iterators[0]
 
 
+def find_step_feed(data_iterator: Any) -> StepFeed | None:
+    """The :class:`StepFeed` behind Megatron's ``data_iterator`` (one, a list, or rerun-wrapped)."""
+    iterators = data_iterator if isinstance(data_iterator, list) else [data_iterator]
+    feeds = {id(f): f for f in (_feed_of(it) for it in iterators) if f is not None}
+    if not feeds:
+        return None
+    if len(feeds) > 1 or any(_feed_of(it) is None for it in iterators):
+        raise ValueError("dp-schedule: all model chunks' data iterators must come from one feed")
+    return next(iter(feeds.values()))
+
+
+def is_replaying(data_iterator: Any) -> bool:
+    """Whether Megatron's rerun state machine is replaying the current step's saved micro-batches."""
+    iterators = data_iterator if isinstance(data_iterator, list) else [data_iterator]
+    return any(getattr(it, "replaying", False) for it in iterators)
+
+
+def _feed_of(iterator: Any) -> StepFeed | None:
+    inner = getattr(iterator, "iterable", iterator)  # RerunDataIterator keeps the original here
+    feed = getattr(inner, "feed", None)
+    return feed if isinstance(feed, StepFeed) else None
+
+
 def _sample_getter(samples: SampleSource) -> Callable[[int], Mapping[str, Any]]:
     if callable(samples):
         return samples
@@ -355,10 +379,7 @@ def resolve_vocab_size(vocab_size: int | str | None) -> int | None:
     if vocab_size is None:
         return None
     if vocab_size == "megatron":
-        from megatron.training import global_vars
-
-        args = getattr(global_vars, "_GLOBAL_ARGS", None)  # get_args() asserts when unset
-        found = getattr(args, "padded_vocab_size", None)
+        found = getattr(megatron_args(), "padded_vocab_size", None)
         if found is None:
             raise ValueError("vocab_size='megatron' reads Megatron's args.padded_vocab_size, which is not set "
                              "(Megatron is not initialized); give vocab_size=<the model's padded vocabulary size>, "
@@ -487,10 +508,7 @@ class ScheduledDataIterator(StepFeed):
 
 def _megatron_consumed_train_samples() -> int:
     """Megatron's ``args.consumed_train_samples`` (0 without Megatron's global arguments)."""
-    from megatron.training import global_vars
-
-    args = getattr(global_vars, "_GLOBAL_ARGS", None)  # get_args() asserts when unset
-    return int(getattr(args, "consumed_train_samples", 0) or 0)
+    return int(getattr(megatron_args(), "consumed_train_samples", 0) or 0)
 
 
 class ScheduledDatasetLoader(StepFeed):

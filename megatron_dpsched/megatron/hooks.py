@@ -36,7 +36,8 @@ The hooks:
    It also feeds the step's real sample lengths to Megatron's
    ``update_seqlen_stats_from_cu_seqlens``, so the logged TFLOP/s count real tokens.
 3. :func:`on_update_num_microbatches` closes that window; Megatron calls it
-   right before ``update_num_microbatches``.
+   right before ``update_num_microbatches``. The window (which step is in progress, of which
+   feed) is kept in :mod:`~megatron_dpsched.megatron.accounting`, which the step recorder reads.
 4. :func:`microbatches_run` is the scale of the auxiliary losses (MoE, MTP, DSA
    indexer) that ``training_log`` sums over a step's micro-batches: the micro-batches
    the step really ran, where Megatron divides by ``get_num_microbatches()``.
@@ -47,7 +48,7 @@ Three more wrap a function of Megatron's and are here for both integrations to c
 live with what they check or record: :func:`with_job_checks` (``setup_model_and_optimizer``) and
 :func:`with_state_file` (``save_checkpoint``) from :mod:`~megatron_dpsched.megatron.job_checks`, on
 every job, with or without ``--dp-schedule``; :func:`with_step_stats` (``train_step``) from
-:mod:`~megatron_dpsched.megatron.step_stats`, which passes through unless a step recorder records.
+:mod:`~megatron_dpsched.megatron.step_recorder`, which passes through unless a step recorder records.
 
 No plan is computed here: the plan comes from the data iterator's feed
 (:mod:`megatron_dpsched.megatron.feeds`).
@@ -61,18 +62,15 @@ from collections.abc import Callable
 from typing import Any
 
 from megatron_dpsched.core.alignment import PipelineLayout
+from megatron_dpsched.megatron.accounting import accounting_count, active_feed, active_step, close_window, open_window
 from megatron_dpsched.megatron.agreement import agree_on_step, log_first_step
-from megatron_dpsched.megatron.feeds import StepBatches, StepFeed
+from megatron_dpsched.megatron.arguments import GROUP_FLAG
+from megatron_dpsched.megatron.feeds import StepBatches, StepFeed, find_step_feed, is_replaying
 from megatron_dpsched.megatron.job_checks import check_resumed_step
 from megatron_dpsched.megatron.job_checks import with_job_checks as with_job_checks
 from megatron_dpsched.megatron.job_checks import with_state_file as with_state_file
-from megatron_dpsched.megatron.step_stats import with_step_stats as with_step_stats
-
-_GROUP_FLAG = "--microbatch-group-size-per-virtual-pipeline-stage"
-
-_active_step: StepBatches | None = None
-_active_feed: StepFeed | None = None
-
+from megatron_dpsched.megatron.step_recorder import with_step_stats as with_step_stats
+from megatron_dpsched.runtime.megatron_state import megatron_args, megatron_timers
 
 # --- the hooks -------------------------------------------------------------------------------
 
@@ -86,56 +84,45 @@ def forward_backward_func(func: Callable[..., Any]) -> Callable[..., Any]:
 
 def num_microbatches() -> int:
     """Hook 2: ``get_num_microbatches()``, or the active scheduled step's count in Megatron units."""
-    if _active_step is None:
+    step = active_step()
+    if step is None:
         from megatron.core.num_microbatches_calculator import get_num_microbatches
 
         return get_num_microbatches()
-    return _accounting_count(_active_step)
+    return accounting_count(step)
 
 
 def on_update_num_microbatches() -> None:
     """Hook 3: the scheduled step is over (Megatron is about to update its micro-batch calculator)."""
-    global _active_step, _active_feed
-    _active_step = _active_feed = None
+    close_window()
 
 
 def microbatches_run() -> int:
     """Hook 4: micro-batches this rank ran in the active scheduled step (``get_num_microbatches()``
     outside one); the scale of the MoE/MTP/indexer losses Megatron sums over a step's micro-batches."""
-    if _active_step is None:
+    step = active_step()
+    if step is None:
         from megatron.core.num_microbatches_calculator import get_num_microbatches
 
         return get_num_microbatches()
-    return _active_step.num_microbatches
+    return step.num_microbatches
 
 
 def on_training_log(iteration: int) -> None:
     """Hook 5: after Megatron's ``training_log`` for ``iteration``, the plan's figures of the step just
-    trained (:mod:`~megatron_dpsched.megatron.step_log`)."""
-    if _active_step is not None and _active_feed is not None:
-        from megatron_dpsched.megatron.step_log import log_step
+    trained (:mod:`~megatron_dpsched.megatron.plan_log`)."""
+    step, feed = active_step(), active_feed()
+    if step is not None and feed is not None:
+        from megatron_dpsched.megatron.plan_log import log_step
 
-        log_step(_active_step, _active_feed.collate, iteration=iteration)
-
-
-def active_step() -> StepBatches | None:
-    """The scheduled training step whose sample count :func:`num_microbatches` reports, if any."""
-    return _active_step
-
-
-def active_feed() -> StepFeed | None:
-    """The feed of :func:`active_step`, if any."""
-    return _active_feed
+        log_step(step, feed.collate, iteration=iteration)
 
 
 # --- 1. the forward-backward wrapper ---------------------------------------------------------
 
 
 def _dp_schedule_off() -> bool:
-    from megatron.training import global_vars
-
-    args = getattr(global_vars, "_GLOBAL_ARGS", None)  # get_args() asserts when unset
-    return getattr(args, "dp_schedule", None) is False
+    return getattr(megatron_args(), "dp_schedule", None) is False
 
 
 def scheduled_forward_backward(forward_backward_func: Callable[..., Any]) -> Callable[..., Any]:
@@ -169,9 +156,7 @@ def scheduled_forward_backward(forward_backward_func: Callable[..., Any]) -> Cal
 def begin_step_timed(feed: StepFeed) -> StepBatches:
     """``feed.begin_step()`` inside Megatron's ``batch-generator`` timer (the wait for the step's plan, which
     the forward step's reads do not see; with prefetching only what the background thread has not done)."""
-    from megatron.training import global_vars
-
-    timers = getattr(global_vars, "_GLOBAL_TIMERS", None)  # get_timers() asserts when unset
+    timers = megatron_timers()
     if timers is None:
         return feed.begin_step()
     timer = timers("batch-generator", log_level=2)
@@ -180,29 +165,6 @@ def begin_step_timed(feed: StepFeed) -> StepBatches:
         return feed.begin_step()
     finally:
         timer.stop()
-
-
-def find_step_feed(data_iterator: Any) -> StepFeed | None:
-    """The :class:`StepFeed` behind Megatron's ``data_iterator`` (one, a list, or rerun-wrapped)."""
-    iterators = data_iterator if isinstance(data_iterator, list) else [data_iterator]
-    feeds = {id(f): f for f in (_feed_of(it) for it in iterators) if f is not None}
-    if not feeds:
-        return None
-    if len(feeds) > 1 or any(_feed_of(it) is None for it in iterators):
-        raise ValueError("dp-schedule: all model chunks' data iterators must come from one feed")
-    return next(iter(feeds.values()))
-
-
-def is_replaying(data_iterator: Any) -> bool:
-    """Whether Megatron's rerun state machine is replaying the current step's saved micro-batches."""
-    iterators = data_iterator if isinstance(data_iterator, list) else [data_iterator]
-    return any(getattr(it, "replaying", False) for it in iterators)
-
-
-def _feed_of(iterator: Any) -> StepFeed | None:
-    inner = getattr(iterator, "iterable", iterator)  # RerunDataIterator keeps the original here
-    feed = getattr(inner, "feed", None)
-    return feed if isinstance(feed, StepFeed) else None
 
 
 def check_data_parallel_size(feed: StepFeed) -> None:
@@ -232,7 +194,7 @@ def check_interleaved_count(num_microbatches: int, model: Any) -> None:
     if group < pp or not layout.is_legal(num_microbatches):
         raise ValueError(
             f"dp-schedule planned {num_microbatches} micro-batches, which the interleaved schedule "
-            f"rejects with {_GROUP_FLAG}={group} and PP={pp}; the plan and the model config disagree"
+            f"rejects with {GROUP_FLAG}={group} and PP={pp}; the plan and the model config disagree"
         )
 
 
@@ -240,9 +202,7 @@ def check_interleaved_count(num_microbatches: int, model: Any) -> None:
 
 
 def _open_step(feed: StepFeed, step: StepBatches, *, count_tokens: bool) -> None:
-    global _active_step, _active_feed
-    _accounting_count(step)  # fail before training if the count is not expressible
-    _active_step, _active_feed = step, feed
+    open_window(feed, step)
     if count_tokens:
         count_real_tokens(feed, step)
 
@@ -256,19 +216,3 @@ def count_real_tokens(feed: StepFeed, step: StepBatches) -> None:
     lengths = [feed.planned_length(i) for mb in step.micro_batches for i in mb] or [0]
     # every rank calls it, a rank without samples too: Megatron then all-reduces the sums over the job
     training.update_seqlen_stats_from_cu_seqlens(torch.tensor([0, *itertools.accumulate(lengths)]))
-
-
-def _accounting_count(step: StepBatches) -> int:
-    from megatron.training.global_vars import get_args
-
-    args = get_args()
-    remat = getattr(args, "gtp_weight_remat_size", 1)
-    per_microbatch = args.micro_batch_size * args.data_parallel_size * remat
-    count, remainder = divmod(step.num_samples, per_microbatch)
-    if remainder:
-        raise ValueError(
-            f"dp-schedule step {step.step} trains {step.num_samples} samples, not a multiple of "
-            f"--micro-batch-size x data-parallel size = {per_microbatch}; Megatron cannot count it "
-            f"(set --global-batch-size to a multiple, or drop the trailing partial step)"
-        )
-    return count

@@ -5,14 +5,14 @@ Two hook functions wrap names of ``megatron.training.training``; they are rows o
 or without ``--dp-schedule``), and the source patch wraps the same names with them:
 
 1. :func:`with_job_checks` wraps ``setup_model_and_optimizer``: first, every rank of the default process
-   group agrees on the :class:`~megatron_dpsched.job_identity.JobIdentity` of its arguments
+   group agrees on the :class:`~megatron_dpsched.runtime.job_identity.JobIdentity` of its arguments
    (:func:`identity_from_args`: ``--dp-schedule`` on or off, the ``--dp-schedule-*`` options, the planner
    config, the data flags and their files' sizes and checksums): one all-reduce of a vector of field digests
    with MAX (and of their negatives), on the GPU with NCCL, on the host with gloo. A field that differs
    raises the same ``ValueError`` on every rank, naming the field and the ranks of each value, before any
    model exists (a rank without ``--dp-schedule`` fails as fast as the others instead of leaving them
    waiting in a collective that it never joins). Then Megatron's function (which loads ``--load``); on a
-   resume with ``--dp-schedule`` the checkpoint's :data:`~megatron_dpsched.job_identity.STATE_FILE` is
+   resume with ``--dp-schedule`` the checkpoint's :data:`~megatron_dpsched.runtime.job_identity.STATE_FILE` is
    compared with this job: a change of data or options raises ``ValueError`` naming it, unless
    ``--dp-schedule-changed-resume allow``, which logs what changed.
 2. :func:`with_state_file` wraps ``save_checkpoint``: after Megatron's save, global rank 0 writes the
@@ -32,28 +32,28 @@ from typing import Any
 import torch
 
 from megatron_dpsched.core.config import ScheduleConfig
-from megatron_dpsched.job_identity import (
-    DATA_CONTENT,
-    DATA_PATHS,
-    DATA_SIZES,
-    ENABLED,
+from megatron_dpsched.megatron.arguments import DPScheduleOptions, PlanSetup, plan_setup_from_args
+from megatron_dpsched.megatron.feeds import ScheduledDatasetLoader, StepBatches, StepFeed, find_step_feed
+from megatron_dpsched.runtime.job_identity import (
+    DATA_CONTENT_FIELD,
+    DATA_PATHS_FIELD,
+    DATA_SIZES_FIELD,
+    ENABLED_FIELD,
     FIELDS,
-    OPTIONS,
-    PLANNER,
-    RUNTIME_OPTIONS,
+    OPTIONS_FIELD,
+    PLANNER_FIELD,
+    RUN_TIME_OPTIONS_FIELD,
     STATE_FILE,
     JobIdentity,
     data_files,
-    disagreement_message,
     file_checksum,
+    job_disagreement_message,
     mismatched_fields,
     read_state,
     resume_changes,
     state_json,
 )
-from megatron_dpsched.megatron.arguments import DPScheduleOptions, PlanSetup, plan_setup_from_args
-from megatron_dpsched.megatron.feeds import ScheduledDatasetLoader, StepBatches, StepFeed
-from megatron_dpsched.megatron.ranks import global_rank, print_rank_0
+from megatron_dpsched.runtime.ranks import global_rank, print_rank_0
 
 DATA_FLAGS = ("data_path", "train_data_path", "valid_data_path", "test_data_path", "split", "data_args_path",
               "per_split_data_args_path", "mock_data")
@@ -102,20 +102,20 @@ def reset() -> None:
 
 
 def identity_from_args(args: Any) -> JobIdentity:
-    """The fields of this job (see :mod:`megatron_dpsched.job_identity`) from Megatron's ``args``."""
+    """The fields of this job (see :mod:`megatron_dpsched.runtime.job_identity`) from Megatron's ``args``."""
     options = DPScheduleOptions.from_args(args)
     enabled = options.enabled
     flags = {flag: getattr(args, flag, None) for flag in DATA_FLAGS if getattr(args, flag, None) not in (None, False)}
     files = data_files(word for value in flags.values() for word in _words(value))
+    setup = plan_setup_from_args(args, data_parallel_size=args.data_parallel_size) if enabled else None
     return JobIdentity(fields=(
-        (ENABLED, "on" if enabled else "off"),
-        (OPTIONS, _listing(options.option_values(run_time=False)) if enabled else "-"),
-        (RUNTIME_OPTIONS, _listing(options.option_values(run_time=True)) if enabled else "-"),
-        (PLANNER, planner_summary(plan_setup_from_args(args, data_parallel_size=args.data_parallel_size), args=args)
-         if enabled else "-"),
-        (DATA_PATHS, _listing(flags)),
-        (DATA_SIZES, ", ".join(f"{path}: {os.path.getsize(path)} bytes" for path in files) or "-"),
-        (DATA_CONTENT, ", ".join(f"{path}: {file_checksum(path)}" for path in files) or "-"),
+        (ENABLED_FIELD, "on" if enabled else "off"),
+        (OPTIONS_FIELD, _listing(options.option_values(run_time=False)) if enabled else "-"),
+        (RUN_TIME_OPTIONS_FIELD, _listing(options.option_values(run_time=True)) if enabled else "-"),
+        (PLANNER_FIELD, planner_summary(setup, args=args) if setup is not None else "-"),
+        (DATA_PATHS_FIELD, _listing(flags)),
+        (DATA_SIZES_FIELD, ", ".join(f"{path}: {os.path.getsize(path)} bytes" for path in files) or "-"),
+        (DATA_CONTENT_FIELD, ", ".join(f"{path}: {file_checksum(path)}" for path in files) or "-"),
     ))
 
 
@@ -136,19 +136,19 @@ def agree_on_job(identity: JobIdentity) -> None:
     """Raise ``ValueError`` on every rank unless every rank of the default group holds ``identity``."""
     import torch.distributed as dist
 
-    from megatron_dpsched.megatron.agreement import _group_device
+    from megatron_dpsched.megatron.agreement import group_device
 
     if not (dist.is_available() and dist.is_initialized()):
         return
     digests = identity.digests()
-    bounds = torch.tensor([*digests, *(-d for d in digests)], dtype=torch.int64, device=_group_device())
+    bounds = torch.tensor([*digests, *(-d for d in digests)], dtype=torch.int64, device=group_device())
     dist.all_reduce(bounds, op=dist.ReduceOp.MAX)
     values = bounds.tolist()
     if not mismatched_fields(values[:len(FIELDS)], [-v for v in values[len(FIELDS):]]):
         return
     held: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(held, identity)
-    raise ValueError(disagreement_message(held))
+    raise ValueError(job_disagreement_message(held))
 
 
 def agree_on_this_job(args: Any) -> JobIdentity:
@@ -169,8 +169,6 @@ def agree_on_this_job(args: Any) -> JobIdentity:
 def write_state(iteration: int, *, train_data_iterator: Any) -> None:
     """On global rank 0 with ``--dp-schedule``: the state file of the checkpoint of ``iteration``."""
     from megatron.training.global_vars import get_args
-
-    from megatron_dpsched.megatron.hooks import find_step_feed
 
     args = get_args()
     identity = _state.get("identity")

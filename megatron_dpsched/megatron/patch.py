@@ -28,14 +28,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from megatron_dpsched.megatron import hooks, job_checks
-from megatron_dpsched.megatron.hooks import (  # noqa: F401 - re-exported for callers of this module
-    _accounting_count,
-    active_step,
-    check_interleaved_count,
-    find_step_feed,
-    is_replaying,
-    scheduled_forward_backward,
-)
 
 MEGATRON_LM = "megatron.training.training"
 """Megatron-LM's training loop (``pretrain``, ``train``, ``train_step``, ``evaluate``)."""

@@ -44,7 +44,7 @@ from megatron_dpsched.megatron.checks import (
 )
 from megatron_dpsched.megatron.collate import CollateConfig, require_padding_agreement
 from megatron_dpsched.megatron.feeds import ScheduledDatasetLoader
-from megatron_dpsched.megatron.ranks import print_rank_0
+from megatron_dpsched.runtime.ranks import print_rank_0
 
 DatasetsProvider = Callable[..., tuple[Any, Any, Any]]
 

@@ -18,7 +18,7 @@ import pytest
 from entry import errors, tiny_gpt_argv, torchrun
 
 from megatron_dpsched.data import write_token_jsonl
-from megatron_dpsched.megatron.step_stats import load_plans, load_step_records
+from megatron_dpsched.megatron.step_recorder import load_plans, load_step_records
 
 pytestmark = pytest.mark.distributed
 

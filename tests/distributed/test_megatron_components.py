@@ -22,6 +22,8 @@ from megatron_dpsched.megatron import (
     patch,
     validate_dp_schedule_args,
 )
+from megatron_dpsched.megatron.accounting import accounting_count
+from megatron_dpsched.megatron.hooks import check_interleaved_count, scheduled_forward_backward
 
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"),
               pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -33,6 +35,38 @@ def _args(*argv: str, **overrides: object) -> argparse.Namespace:
                     virtual_pipeline_model_parallel_size=None, microbatch_group_size_per_vp_stage=None,
                     overlap_p2p_comm=True, calculate_per_token_loss=False, global_batch_size=8)
     return argparse.Namespace(**{**vars(args), **defaults, **overrides})
+
+
+# --- the package's names ----------------------------------------------------------------------
+
+
+def test_every_name_of_the_package_is_the_one_its_module_holds() -> None:
+    import importlib
+
+    import megatron_dpsched.megatron as package
+
+    namespace: dict[str, object] = {}
+    exec("from megatron_dpsched.megatron import *", namespace)
+    assert set(namespace) - {"__builtins__"} == set(package.__all__)
+    for name in package.__all__:
+        module = importlib.import_module(f"megatron_dpsched.megatron.{package._EXPORTS[name]}")
+        assert namespace[name] is (module if name == "patch" else getattr(module, name)), name
+    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
+        package.not_a_name  # noqa: B018
+
+
+def test_megatron_state_reads_megatrons_global_arguments_and_timers(monkeypatch: pytest.MonkeyPatch) -> None:
+    from megatron.training import global_vars
+
+    from megatron_dpsched.runtime.megatron_state import megatron_args, megatron_timers
+
+    monkeypatch.setattr(global_vars, "_GLOBAL_ARGS", None)
+    monkeypatch.setattr(global_vars, "_GLOBAL_TIMERS", None)
+    assert megatron_args() is None and megatron_timers() is None
+    args, timers = types.SimpleNamespace(dp_schedule=True), object()
+    monkeypatch.setattr(global_vars, "_GLOBAL_ARGS", args)
+    monkeypatch.setattr(global_vars, "_GLOBAL_TIMERS", timers)
+    assert megatron_args() is global_vars.get_args() is args and megatron_timers() is global_vars.get_timers()
 
 
 # --- arguments -------------------------------------------------------------------------------
@@ -250,17 +284,17 @@ def test_interleaved_count_is_checked_before_the_schedule_runs(monkeypatch: pyte
     model = [types.SimpleNamespace(config=types.SimpleNamespace(microbatch_group_size_per_vp_stage=2))] * 2
     monkeypatch.setattr(parallel_state, "get_pipeline_model_parallel_world_size", lambda: 2)
     monkeypatch.setattr("megatron.core.utils.get_model_config", lambda m: m.config)
-    patch.check_interleaved_count(4, model)
+    check_interleaved_count(4, model)
     with pytest.raises(ValueError, match="--microbatch-group-size-per-virtual-pipeline-stage"):
-        patch.check_interleaved_count(3, model)
+        check_interleaved_count(3, model)
 
 
 def test_sample_count_must_be_expressible_in_megatron_units(monkeypatch: pytest.MonkeyPatch) -> None:
     args = types.SimpleNamespace(micro_batch_size=1, data_parallel_size=2, gtp_weight_remat_size=1)
     monkeypatch.setattr("megatron.training.global_vars.get_args", lambda: args)
-    assert patch._accounting_count(StepBatches(step=0, micro_batches=((),), num_samples=8, fingerprint=0)) == 4
+    assert accounting_count(StepBatches(step=0, micro_batches=((),), num_samples=8, fingerprint=0)) == 4
     with pytest.raises(ValueError, match="--global-batch-size"):
-        patch._accounting_count(StepBatches(step=3, micro_batches=((),), num_samples=7, fingerprint=0))
+        accounting_count(StepBatches(step=3, micro_batches=((),), num_samples=7, fingerprint=0))
 
 
 # --- collate ---------------------------------------------------------------------------------
@@ -386,7 +420,7 @@ def test_a_rerun_replays_the_same_step_instead_of_advancing(monkeypatch: pytest.
     def schedule(*, data_iterator, model, num_microbatches, forward_only=False):
         seen.append((feed.current.step, num_microbatches))
 
-    run = patch.scheduled_forward_backward(schedule)
+    run = scheduled_forward_backward(schedule)
     run(data_iterator=wrapped, model=[object()], num_microbatches=99)
     wrapped.replaying = True
     run(data_iterator=wrapped, model=[object()], num_microbatches=99)

@@ -34,10 +34,11 @@ from scenarios import PARTIAL_STEP_SAMPLES
 from train_checks import assert_close, merged
 
 from megatron_dpsched.data import write_token_jsonl
-from megatron_dpsched.job_identity import FIELDS
 from megatron_dpsched.megatron import hooks
+from megatron_dpsched.megatron.accounting import active_step
 from megatron_dpsched.megatron.patch import LOOPS, MEGATRON_LM
-from megatron_dpsched.megatron.step_stats import load_step_records
+from megatron_dpsched.megatron.step_recorder import load_step_records
+from megatron_dpsched.runtime.job_identity import FIELDS
 
 pytestmark = pytest.mark.distributed
 
@@ -176,7 +177,7 @@ def test_hooks_pass_through_with_dp_schedule_off(monkeypatch: pytest.MonkeyPatch
 
     assert hooks.forward_backward_func(schedule) is schedule
     hooks.on_update_num_microbatches()
-    assert hooks.active_step() is None and hooks.num_microbatches() == 7
+    assert active_step() is None and hooks.num_microbatches() == 7
 
 
 def test_unscheduled_iterators_pass_through_the_wrapper(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -185,7 +186,7 @@ def test_unscheduled_iterators_pass_through_the_wrapper(monkeypatch: pytest.Monk
     monkeypatch.setattr(global_vars, "_GLOBAL_ARGS", types.SimpleNamespace(dp_schedule=True))
     run = hooks.forward_backward_func(lambda **kwargs: kwargs)
     call = {"data_iterator": iter([]), "model": [object()], "num_microbatches": 3}
-    assert run(**call) == call and hooks.active_step() is None
+    assert run(**call) == call and active_step() is None
 
 
 # --- source mode vs monkey mode --------------------------------------------------------------

@@ -13,13 +13,6 @@ import megatron_dpsched
 ROOT = "megatron_dpsched"
 CORE = f"{ROOT}.core"
 
-KNOWN_CIRCLES = {
-    # issue 25: removed when the patch registry lands
-    (f"{ROOT}.megatron.job_checks", f"{ROOT}.megatron.hooks"),
-}
-"""Imports that close a circle known today, as (importer, imported); the package test leaves them out."""
-
-
 def package_sources(package: str = ROOT) -> tuple[dict[str, str], set[str]]:
     """Every module of ``package`` and its subpackages (name -> source text), and which names are packages."""
     folder = Path(megatron_dpsched.__file__).parent.joinpath(*package.split(".")[1:])
@@ -33,7 +26,7 @@ def package_sources(package: str = ROOT) -> tuple[dict[str, str], set[str]]:
     return sources, packages
 
 
-def _base(node: ast.ImportFrom, *, importer: str, packages: set[str]) -> str:
+def import_base(node: ast.ImportFrom, *, importer: str, packages: set[str]) -> str:
     """The module a ``from ... import`` names (a relative one counted from the importer's package)."""
     if not node.level:
         return node.module or ""
@@ -49,7 +42,7 @@ def _imported(node: ast.AST, *, importer: str, modules: set[str], packages: set[
         return {alias.name for alias in node.names if alias.name in modules} - {importer}
     if not isinstance(node, ast.ImportFrom):
         return set()
-    base = _base(node, importer=importer, packages=packages)
+    base = import_base(node, importer=importer, packages=packages)
     found = {f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in modules}
     if base in modules and len(found) < len(node.names):
         found.add(base)
@@ -65,7 +58,7 @@ def _is_type_checking(node: ast.AST) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _run_time_nodes(tree: ast.AST) -> list[ast.AST]:
+def run_time_nodes(tree: ast.AST) -> list[ast.AST]:
     """Every node of ``tree`` except the bodies of ``if TYPE_CHECKING:`` blocks (their ``else`` runs)."""
     nodes, pending = [], [tree]
     while pending:
@@ -80,7 +73,7 @@ def source_graph(sources: dict[str, str], *, packages: set[str] = frozenset()) -
     """Per module (name -> source text), the other modules of ``sources`` it imports when it runs."""
     graph = {}
     for name, text in sources.items():
-        nodes = _run_time_nodes(ast.parse(text))
+        nodes = run_time_nodes(ast.parse(text))
         graph[name] = set().union(*(_imported(node, importer=name, modules=set(sources), packages=packages)
                                     for node in nodes))
     return graph
@@ -127,9 +120,6 @@ def test_no_module_of_the_package_imports_a_circle() -> None:
     graph = import_graph()
     assert {f"{ROOT}.whatif.sweep", f"{ROOT}.megatron.hooks", f"{ROOT}.core.schedule", f"{ROOT}.cli"} <= set(graph)
     assert f"{ROOT}.whatif.plots" in graph[f"{ROOT}.whatif.sweep"]  # a lazy import counts
-    for importer, imported in KNOWN_CIRCLES:
-        assert imported in graph[importer], f"{importer} no longer imports {imported}: delete it from KNOWN_CIRCLES"
-        graph[importer] = graph[importer] - {imported}
     cycle = find_cycle(graph)
     assert cycle is None, "import circle: " + " -> ".join(cycle)
 

@@ -1,4 +1,4 @@
-"""``megatron_dpsched.job_identity``: digests, which fields differ, the messages, checksums, the state file."""
+"""``megatron_dpsched.runtime.job_identity``: digests, which fields differ, the messages, checksums, the state file."""
 
 from __future__ import annotations
 
@@ -8,15 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from megatron_dpsched import job_identity as ji
+from megatron_dpsched.runtime import job_identity as ji
 
-BASE = {ji.ENABLED: "on", ji.OPTIONS: "balance='cost'", ji.RUNTIME_OPTIONS: "prefetch=True",
-        ji.PLANNER: "dp_size=2", ji.DATA_PATHS: "data_path=['a.jsonl']", ji.DATA_SIZES: "a.jsonl: 10 bytes",
-        ji.DATA_CONTENT: "a.jsonl: 0123456789abcdef"}
+BASE = {ji.ENABLED_FIELD: "on", ji.OPTIONS_FIELD: "balance='cost'", ji.RUN_TIME_OPTIONS_FIELD: "prefetch=True",
+        ji.PLANNER_FIELD: "dp_size=2", ji.DATA_PATHS_FIELD: "data_path=['a.jsonl']",
+        ji.DATA_SIZES_FIELD: "a.jsonl: 10 bytes", ji.DATA_CONTENT_FIELD: "a.jsonl: 0123456789abcdef"}
 
 
 def identity(**changes: str) -> ji.JobIdentity:
-    values = {**BASE, **{getattr(ji, name): value for name, value in changes.items()}}
+    """The base identity with some fields changed (``DATA_PATHS=...`` changes ``ji.DATA_PATHS_FIELD``)."""
+    values = {**BASE, **{getattr(ji, f"{name}_FIELD"): value for name, value in changes.items()}}
     return ji.JobIdentity(fields=tuple((name, values[name]) for name in ji.FIELDS))
 
 
@@ -45,38 +46,38 @@ def test_folding_is_order_sensitive_and_keyed_by_the_seed() -> None:
 @pytest.mark.parametrize("field", ["ENABLED", "OPTIONS", "PLANNER", "DATA_PATHS", "DATA_SIZES", "DATA_CONTENT"])
 def test_the_reduced_digests_name_exactly_the_field_one_rank_changed(field: str) -> None:
     held = [identity(), identity(), identity(**{field: "something else"}), identity()]
-    assert ji.mismatched_fields(*reduce_like_all_reduce(held)) == [getattr(ji, field)]
+    assert ji.mismatched_fields(*reduce_like_all_reduce(held)) == [getattr(ji, f"{field}_FIELD")]
     assert ji.mismatched_fields(*reduce_like_all_reduce([identity()] * 3)) == []
 
 
 def test_the_message_names_the_field_and_the_ranks_of_each_value() -> None:
     held = [identity(), identity(), identity(DATA_CONTENT="a.jsonl: fedcba9876543210"), identity()]
-    message = ji.disagreement_message(held)
+    message = ji.job_disagreement_message(held)
     assert message.startswith("dp-schedule: the ranks of this job disagree on data content (data content: "
                               "ranks 0-1,3 have 'a.jsonl: 0123456789abcdef'; ranks 2 have 'a.jsonl: fedcba9876543210')")
     assert "\n" not in message
 
 
 def test_a_rank_without_the_flag_is_named_by_the_flag_not_its_consequences() -> None:
-    off = identity(ENABLED="off", OPTIONS="-", RUNTIME_OPTIONS="-", PLANNER="-")
-    message = ji.disagreement_message([identity(), off])
+    off = identity(ENABLED="off", OPTIONS="-", RUN_TIME_OPTIONS="-", PLANNER="-")
+    message = ji.job_disagreement_message([identity(), off])
     assert "disagree on --dp-schedule, dp-schedule options, dp-schedule run-time options, planner config (" in message
     assert "(--dp-schedule: ranks 0 have 'on'; ranks 1 have 'off')" in message
 
 
 def test_long_summaries_are_cut_in_messages() -> None:
     long = "x" * 1000
-    message = ji.disagreement_message([identity(), identity(PLANNER=long)])
+    message = ji.job_disagreement_message([identity(), identity(PLANNER=long)])
     assert "x" * (ji.SUMMARY_CHARS - 3) + "..." in message and "x" * ji.SUMMARY_CHARS not in message
 
 
 def test_a_resume_names_what_changed_but_not_run_time_options() -> None:
     saved = identity().summaries
-    assert ji.resume_changes(saved, identity(RUNTIME_OPTIONS="prefetch=False")) == []
+    assert ji.resume_changes(saved, identity(RUN_TIME_OPTIONS="prefetch=False")) == []
     changes = ji.resume_changes(saved, identity(DATA_PATHS="data_path=['b.jsonl']", PLANNER="dp_size=4"))
     assert changes == ["planner config: 'dp_size=2' -> 'dp_size=4'",
                        "data paths: \"data_path=['a.jsonl']\" -> \"data_path=['b.jsonl']\""]
-    missing = {name: value for name, value in saved.items() if name != ji.DATA_CONTENT}
+    missing = {name: value for name, value in saved.items() if name != ji.DATA_CONTENT_FIELD}
     assert ji.resume_changes(missing, identity()) == [
         "data content: not in the checkpoint -> 'a.jsonl: 0123456789abcdef'"]
 

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from megatron_dpsched import build_dp_schedule
-from megatron_dpsched.over_cap import SHOWN, describe, find_over_cap, over_cap_notice, step_over_cap
+from megatron_dpsched.runtime.over_cap import SHOWN, describe, find_over_cap, over_cap_notice, step_over_cap
 
 
 def _over_by_hand(lengths: list[int], cap: int, multiple: int) -> list[int]:

@@ -56,6 +56,8 @@ from typing import Any
 
 import torch
 
+from megatron_dpsched.megatron.accounting import active_feed, active_step
+
 
 class StepRecorder:
     """Collects one rank's micro-batches per step and appends a JSON line per trained step."""
@@ -146,8 +148,6 @@ class StepRecorder:
         self, seconds: float, loss_dict: Mapping[str, Any], lr: float | None, *, position: Mapping[str, int]
     ) -> None:
         """Append the step's line and start the next step."""
-        from megatron_dpsched.megatron.hooks import active_feed, active_step
-
         loss = loss_dict.get("lm loss") if loss_dict else None
         scheduled, feed = active_step(), active_feed()
         record = {

@@ -31,9 +31,10 @@ from typing import Any
 
 from megatron_dpsched.megatron.collate import CollateConfig
 from megatron_dpsched.megatron.feeds import StepBatches
-from megatron_dpsched.over_cap import step_over_cap
+from megatron_dpsched.runtime.over_cap import step_over_cap
 
-PREFIX = "dp-schedule/"
+SCALAR_PREFIX = "dp-schedule/"
+"""The TensorBoard / W&B names of the plan's figures start with it."""
 NO_LOSS_WARNING = ("WARNING: no loss token in this step (every target of its samples is ignored): the optimizer "
                    "steps with zero gradients, the learning rate advances, and Megatron's lm loss is 0/0, left out "
                    "of its log line (docs/data.md, 'Samples and steps with no loss token')")
@@ -102,9 +103,9 @@ def log_step(step: StepBatches, collate: CollateConfig, *, iteration: int) -> No
 def _write(figures: dict[str, float], *, writer: Any, wandb: Any, iteration: int) -> None:
     for name, value in figures.items():
         if writer:
-            writer.add_scalar(PREFIX + name, value, iteration)
+            writer.add_scalar(SCALAR_PREFIX + name, value, iteration)
     if wandb:
-        wandb.log({PREFIX + name: value for name, value in figures.items()}, iteration)
+        wandb.log({SCALAR_PREFIX + name: value for name, value in figures.items()}, iteration)
 
 
 def _text(step: StepBatches, figures: dict[str, float], seconds: float | None) -> str:

@@ -5,7 +5,7 @@ A :class:`JobIdentity` is an ordered tuple of ``(field, summary)`` pairs: ``--dp
 files they name, a checksum of each file's content). Each summary is readable text; its 63-bit
 :func:`digest63` is what ranks exchange. Before the model is built every rank all-reduces the vector of
 field digests (``megatron_dpsched.megatron.job_checks``), so a mismatch names the field; only then are the
-summaries gathered, for the message (:func:`disagreement_message`). A checkpoint stores the identity
+summaries gathered, for the message (:func:`job_disagreement_message`). A checkpoint stores the identity
 (:func:`state_json`), and a resume compares it with the job's own (:func:`resume_changes`).
 
 Content, twice:
@@ -28,16 +28,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ENABLED = "--dp-schedule"
-OPTIONS = "dp-schedule options"
-RUNTIME_OPTIONS = "dp-schedule run-time options"
-PLANNER = "planner config"
-DATA_PATHS = "data paths"
-DATA_SIZES = "data sizes"
-DATA_CONTENT = "data content"
-FIELDS = (ENABLED, OPTIONS, RUNTIME_OPTIONS, PLANNER, DATA_PATHS, DATA_SIZES, DATA_CONTENT)
+# the fields' labels: the text of messages and of the checkpoints' state files (which a resume compares)
+ENABLED_FIELD = "--dp-schedule"
+OPTIONS_FIELD = "dp-schedule options"
+RUN_TIME_OPTIONS_FIELD = "dp-schedule run-time options"
+PLANNER_FIELD = "planner config"
+DATA_PATHS_FIELD = "data paths"
+DATA_SIZES_FIELD = "data sizes"
+DATA_CONTENT_FIELD = "data content"
+FIELDS = (ENABLED_FIELD, OPTIONS_FIELD, RUN_TIME_OPTIONS_FIELD, PLANNER_FIELD, DATA_PATHS_FIELD, DATA_SIZES_FIELD,
+          DATA_CONTENT_FIELD)
 """Every field of a job identity, in exchange order."""
-RESUME_IGNORED = frozenset({RUNTIME_OPTIONS})
+RESUME_IGNORED = frozenset({RUN_TIME_OPTIONS_FIELD})
 """Fields a resume may change freely: they change how a step runs, not what it trains."""
 STATE_FILE = "dp_schedule_state.json"
 """The checkpoint sidecar (in the iteration folder) holding the job identity and the next step's fingerprint."""
@@ -89,11 +91,12 @@ def mismatched_fields(highest: Sequence[int], lowest: Sequence[int]) -> list[str
     return [name for name, high, low in zip(FIELDS, highest, lowest) if high != low]
 
 
-def disagreement_message(held: Sequence[JobIdentity]) -> str:
+def job_disagreement_message(held: Sequence[JobIdentity]) -> str:
     """One line naming each field the ranks (``held[rank]``) disagree on, and which ranks hold what."""
     differing = [name for name in FIELDS if len({identity.summaries[name] for identity in held}) > 1]
     assert differing, "the ranks disagree on some field"
-    follow = {OPTIONS, RUNTIME_OPTIONS, PLANNER} if ENABLED in differing else set()  # '-' where it is off
+    # where --dp-schedule is off, its options and planner read '-': the flag is named, not its consequences
+    follow = {OPTIONS_FIELD, RUN_TIME_OPTIONS_FIELD, PLANNER_FIELD} if ENABLED_FIELD in differing else set()
     parts = []
     for name in (name for name in differing if name not in follow):
         ranks: dict[str, list[int]] = defaultdict(list)
