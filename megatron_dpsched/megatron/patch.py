@@ -25,10 +25,13 @@ import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from megatron_dpsched.megatron import hooks, job_checks
 
+_PACKAGE = Path(__file__).resolve().parents[1]
+"""The installed ``megatron_dpsched`` folder."""
 MEGATRON_LM = "megatron.training.training"
 """Megatron-LM's training loop (``pretrain``, ``train``, ``train_step``, ``evaluate``)."""
 When = Literal["always", "dp_schedule"]
@@ -224,6 +227,7 @@ def enable(*, dp_schedule: bool = True, loop: str = MEGATRON_LM) -> None:
     """
     module = importlib.import_module(loop)
     if is_source_patched(module):
+        require_current_source_patch(module, loop=loop)
         return
     rows = [row for row in LOOPS[loop]
             if (loop, row.name) not in _originals and (dp_schedule or row.when == "always")]
@@ -256,6 +260,26 @@ def is_source_patched(module: Any = None) -> bool:
     """Whether ``megatron.training.training`` (or ``module``) was built from a source-patched file."""
     module = module or importlib.import_module(MEGATRON_LM)
     return getattr(module, "dpsched_hooks", None) is hooks
+
+
+def require_current_source_patch(module: Any, *, loop: str = MEGATRON_LM) -> None:
+    """Refuse a source-patched ``module`` whose every-job names are not the hooks' (``RuntimeError``): a
+    ``training.py`` patched by an older source patch, which called the ``--dp-schedule`` hooks but not the job
+    checks or the step recorder; with it the job would run without them, unnoticed."""
+    stale = [row.name for row in LOOPS[loop] if row.when == "always" and not _is_hook(getattr(module, row.name, None))]
+    if stale:
+        verb = "is" if len(stale) == 1 else "are"
+        raise RuntimeError(
+            f"dp-schedule: {getattr(module, '__file__', loop)} carries an older megatron-dpsched source patch: "
+            f"{', '.join(stale)} {verb} not wrapped by the plugin's hooks (job checks, step recorder). Revert it "
+            "and apply patches/megatron_training_dpsched.patch again (scripts/apply_megatron_patch.sh)")
+
+
+def _is_hook(replacement: Any) -> bool:
+    """Whether ``replacement`` is a function of this package (a hook's wrapper; ``functools.wraps`` copies the
+    original's name and module, not its code)."""
+    code = getattr(replacement, "__code__", None)
+    return code is not None and Path(code.co_filename).resolve().is_relative_to(_PACKAGE)
 
 
 # --- the docs' table ---------------------------------------------------------------------------

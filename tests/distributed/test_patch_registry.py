@@ -151,3 +151,18 @@ def test_the_patches_readme_names_the_hooks_of_every_row() -> None:
     readme = (REPO / "patches" / "README.md").read_text(encoding="utf-8")
     listed = set(re.findall(r"^\| `(\w+)\(", readme, re.M))
     assert listed == {name for row in ROWS for name in row.calls}
+
+
+def test_a_training_py_patched_by_an_older_source_patch_is_refused(training, monkeypatch: pytest.MonkeyPatch) -> None:
+    module, originals = training
+    monkeypatch.setattr(module, "dpsched_hooks", patch.hooks, raising=False)  # patched, but not its every-job names
+    assert patch.is_source_patched(module)
+    stale = "setup_model_and_optimizer, save_checkpoint, train_step are not wrapped by the plugin's hooks"
+    with pytest.raises(RuntimeError, match=f"carries an older megatron-dpsched source patch: {stale}"):
+        patch.enable()
+    assert patch.installed() == ()
+    for row in ROWS:  # what the current source patch does to the every-job names
+        if row.when == "always":
+            monkeypatch.setattr(module, row.name, row.make(originals[row.name]))
+    patch.enable()
+    assert patch.installed() == ()  # the source carries every row: nothing is replaced at run time
