@@ -65,6 +65,7 @@ def _received(cp: int) -> dict[str, Any]:
     from megatron_dpsched.megatron.packing_scheduler import register_packing_scheduler
 
     register_packing_scheduler()
+    register_packing_scheduler()  # a second call changes nothing
     data_rank = dist.get_rank() // cp  # the CP ranks of one DP rank read the same samples
     config = SimpleNamespace(max_seqlen_per_dp_cp_rank=CAP, sequence_packing_scheduler="dpsched",
                              virtual_pipeline_model_parallel_size=None, microbatch_group_size_per_vp_stage=None)
@@ -77,8 +78,8 @@ def _received(cp: int) -> dict[str, Any]:
         bounds = batch["cu_seqlens_padded"].tolist()
         micro_batches.append([(int(batch["tokens"][start]), end - start) for start, end in zip(bounds, bounds[1:])])
     return {"num_microbatches": count, "micro_batches": micro_batches, "token_sum": token_sum,
-            "square_sum": square_sum, "scheduler": (data_schedule.scheduler_map[
-                data_schedule.PackingSchedulerEnum["DPSCHED"]]).__name__}
+            "square_sum": square_sum,
+            "registered": {key.value: cls.__name__ for key, cls in data_schedule.scheduler_map.items()}}
 
 
 @scenario(world_size=2, launch=PACKING_SCHEDULER_LAUNCH, cases={"packing_dp2": 1, "packing_cp2": 2})

@@ -44,7 +44,7 @@ def _expected(cp: int) -> tuple[list[tuple[int, int]], list[list[list[int]]]]:
 def test_every_sample_arrives_once_as_planned(megatron_lm: LaunchResults, cp: int) -> None:
     ranks = megatron_lm.get("packing_dp2" if cp == 1 else "packing_cp2")
     samples, groups = _expected(cp)
-    assert ranks[0]["scheduler"] == "DPScheduleScheduler"
+    assert ranks[0]["registered"] == {"dp_balanced": "DpBalancedScheduler", "dpsched": "DPScheduleScheduler"}
     assert [r["num_microbatches"] for r in ranks] == [len(groups)] * 2
     for rank, result in enumerate(ranks):
         planned = [[samples[gid] for gid in micro_batch[rank]] for micro_batch in groups]
