@@ -52,6 +52,7 @@ def megatron_finds_answer(sample_id_seqlens: list[tuple[int, int]], layout: Pack
     return needed <= sum(count - 1 for count in packs[1:])  # it never splits the first pack
 
 
+@pytest.mark.slow
 @given(steps())
 def test_answer_keeps_megatrons_rules(step: tuple[list[tuple[int, int]], PackingLayout]) -> None:
     sample_id_seqlens, layout = step
