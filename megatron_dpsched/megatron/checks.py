@@ -5,7 +5,8 @@
    option fields and run without torch, so they live in :mod:`megatron_dpsched.options` (which the torch-free
    what-if tool imports too) and are re-exported here.
 2. **After Megatron parses**: :func:`check_before_validate_args` refuses, as one line naming the flags, what
-   Megatron's ``validate_args`` would assert on (a traceback per rank); :func:`validate_dp_schedule_args`, after
+   Megatron's ``validate_args`` would assert on (a traceback per rank) and, with ``--dp-schedule``, Megatron's own
+   packing and hybrid-CP flags (both flags named, and the choice); :func:`validate_dp_schedule_args`, after
    ``validate_args``, checks the ``--dp-schedule*`` flags against the layout and the flags they contradict, then
    sets what a planned step needs (:func:`~megatron_dpsched.megatron.arguments.adjust_args_for_schedule`);
    :func:`check_training_data`: the data flags give training samples when training runs.
@@ -60,7 +61,9 @@ def check_before_validate_args(args: Any) -> None:
     first, with a traceback per rank): the world size against the model-parallel sizes, and the global batch
     sizes against micro-batch size x data-parallel size, each refused in one line naming the flags and the
     nearest sizes that work. Runs whose sizes come from elsewhere (``--use-checkpoint-args``, ``--yaml-cfg``,
-    weight-sharded tensor parallelism) and batch-size ramp-ups are left to Megatron."""
+    weight-sharded tensor parallelism) and batch-size ramp-ups are left to Megatron. First, with ``--dp-schedule``,
+    a flag of Megatron's own packing or hybrid context parallel is refused (:func:`_refuse_megatron_schedulers`)."""
+    _refuse_megatron_schedulers(args)
     if getattr(args, "use_checkpoint_args", False) or getattr(args, "yaml_cfg", None) is not None \
             or (getattr(args, "tensor_parallel_num_weight_shards", None) or 1) != 1:
         return
@@ -204,16 +207,44 @@ _CONFLICTS = (
     ("step_batch_size_schedule", "--step-batch-size-schedule"),
     ("decrease_batch_size_if_needed", "--decrease-batch-size-if-needed"),
     ("iterations_to_skip", "--iterations-to-skip"),
-    ("hybrid_context_parallel", "--hybrid-context-parallel"),
     ("perform_rl_step", "--perform-rl-step"),
-    ("rl_use_sequence_packing", "--rl-use-sequence-packing"),
     ("full_validation", "--full-validation"),
     ("moe_expert_rank_capacity_factor", "--moe-expert-rank-capacity-factor"),
 )
 """Flags (off when falsy) whose batch handling contradicts a planned step."""
 
 
+_MEGATRON_SCHEDULERS = (
+    ("hybrid_context_parallel", "--hybrid-context-parallel", "schedule the batch",
+     "Megatron's hybrid context parallel regroups each step's sequences over the DP x CP ranks, PP 1 only"),
+    ("dynamic_context_parallel", "--dynamic-context-parallel", "schedule the batch",
+     "Megatron's dynamic context parallel packs each step over the DP x CP ranks"),
+    ("sequence_packing_scheduler", "--sequence-packing-scheduler", "schedule the batch",
+     "Megatron's packing scheduler packs each step; this planner can run as one of its schedulers, "
+     "docs/megatron_packing_scheduler.md"),
+    ("max_seqlen_per_dp_cp_rank", "--max-seqlen-per-dp-cp-rank", "cap a micro-batch's tokens",
+     "Megatron's packing cap; --dp-schedule's is --dp-schedule-max-tokens-per-gpu"),
+    ("rl_use_sequence_packing", "--rl-use-sequence-packing", "pack the batch",
+     "Megatron's RL sequence packing bins each rollout batch itself"),
+)
+"""Megatron's own packing and hybrid-CP flags (whichever the release has; off when falsy): each does a job
+``--dp-schedule`` does, so the pair is refused in one line naming both and what to choose."""
+
+
+def _refuse_megatron_schedulers(args: Any) -> None:
+    """With ``--dp-schedule``, refuse a flag of Megatron's own packing or hybrid context parallel
+    (:data:`_MEGATRON_SCHEDULERS`) in one line naming both flags and the choice; called before Megatron's
+    ``validate_args`` (whose asserts on those flags would fire first) and again after it."""
+    if not getattr(args, "dp_schedule", False):
+        return
+    for attr, flag, job, theirs in _MEGATRON_SCHEDULERS:
+        if getattr(args, attr, None):
+            raise ValueError(f"--dp-schedule and {flag} both {job}: choose one (--dp-schedule plans every step "
+                             f"across the data-parallel ranks; {flag}: {theirs})")
+
+
 def _refuse_conflicts(args: Any) -> None:
+    _refuse_megatron_schedulers(args)
     for attr, flag in _CONFLICTS:
         if getattr(args, attr, None):
             raise ValueError(f"{flag} cannot be combined with --dp-schedule (the plan fixes every step)")

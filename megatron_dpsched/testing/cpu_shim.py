@@ -67,8 +67,9 @@ def _map_device_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tup
 
 
 def _to_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    # Tensor.to(self, device, ...) / Tensor.to(self, "cuda", dtype)
-    return tuple(_CPU if i > 0 and _is_cuda_device(a) and not isinstance(a, int) else a
+    # Tensor.to(self, device, ...) / Tensor.to(self, "cuda", dtype) / Tensor.to(self, 0) (a device index, as
+    # Megatron-LM main's data_schedule_utils passes torch.cuda.current_device()); later ints are flags
+    return tuple(_CPU if i > 0 and _is_cuda_device(a) and (i == 1 or not isinstance(a, int)) else a
                  for i, a in enumerate(args))
 
 

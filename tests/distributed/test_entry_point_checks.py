@@ -3,12 +3,15 @@ or the training it would corrupt; what plain Megatron accepts still trains."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from entry import MODEL_BUILT, corpus_rows, errors, python, tiny_gpt_argv, torchrun
 
 from megatron_dpsched.data import write_token_jsonl
+from megatron_dpsched.megatron.checks import check_before_validate_args
 
 pytestmark = pytest.mark.distributed
 
@@ -66,3 +69,29 @@ def test_help_prints_megatron_and_dp_schedule_flags() -> None:
     assert "--dp-schedule-max-tokens-per-gpu" in proc.stdout and "--tensor-model-parallel-size" in proc.stdout
     # megatron-core 0.19's help text with a bare '%' prints (escaped in the parser only)
     assert "--moe-paged-stash-buffer-size-factor-cuda" in proc.stdout and "%" in proc.stdout
+
+
+@pytest.mark.parametrize(("extra", "flag", "job"), [
+    (("--hybrid-context-parallel", "--max-seqlen-per-dp-cp-rank", "48", "--calculate-per-token-loss"),
+     "--hybrid-context-parallel", "schedule the batch"),
+    (("--max-seqlen-per-dp-cp-rank", "48"), "--max-seqlen-per-dp-cp-rank", "cap a micro-batch's tokens"),
+    (("--rl-use-sequence-packing",), "--rl-use-sequence-packing", "pack the batch"),
+])
+def test_megatrons_own_packing_flags_are_refused_naming_both(corpus: Path, extra: tuple, flag: str, job: str) -> None:
+    proc = python(_argv(corpus, "--dp-schedule", "--dp-schedule-max-tokens-per-gpu", "48", *extra))
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"pretrain_gpt_dpsched.py: error: --dp-schedule and {flag} both {job}: choose one "
+                           "(--dp-schedule plans every step across the data-parallel ranks; "), last
+    assert "Traceback" not in proc.stderr and MODEL_BUILT not in proc.stdout + proc.stderr
+
+
+
+@pytest.mark.parametrize(("given", "flag"), [
+    ({"sequence_packing_scheduler": "dp_balanced"}, "--sequence-packing-scheduler"),  # Megatron-LM dev's flags
+    ({"dynamic_context_parallel": True}, "--dynamic-context-parallel"),
+])
+def test_packing_flags_of_later_releases_are_refused_naming_both(given: dict, flag: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(f"--dp-schedule and {flag} both schedule the batch: choose one")):
+        check_before_validate_args(SimpleNamespace(dp_schedule=True, **given))
+    check_before_validate_args(SimpleNamespace(dp_schedule=False, world_size=None, **given))  # Megatron's alone
