@@ -101,3 +101,27 @@ def test_without_peer_sources_the_script_says_so_and_imports_no_torch(tmp_path: 
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "no peer source given" in proc.stdout
+
+
+def test_megatron_order_is_by_dp_rank_then_local_index() -> None:
+    from peer_sources import megatron_order
+
+    assert megatron_order(8, 2) == [0, 2, 4, 6, 1, 3, 5, 7]
+    assert megatron_order(6, 3) == [0, 3, 1, 4, 2, 5]
+    assert megatron_order(4, 1) == [0, 1, 2, 3]
+
+
+def test_classes_from_file_compiles_only_the_named_classes(tmp_path: Path) -> None:
+    from peer_sources import classes_from_file
+
+    source = tmp_path / "schedule.py"
+    source.write_text("import not_installed_here\n\nclass Base:\n    size = 2\n\n\nclass Packer(Base):\n"
+                      "    def double(self):\n        return self.size * 2\n", encoding="utf-8")
+    classes = classes_from_file(source, ("Base", "Packer"), {})
+    assert classes["Packer"]().double() == 4  # the module's import never ran
+    try:
+        classes_from_file(source, ("Base", "DpBalancedScheduler"), {})
+    except ValueError as exc:
+        assert "DpBalancedScheduler" in str(exc)
+    else:
+        raise AssertionError("a class missing from the checkout must be a ValueError")
