@@ -246,9 +246,10 @@ def layout_name(pp: int, vpp: int) -> str:
 
 
 class PeerCache:
-    """Peer plans by what the peer's code reads of the layout (the VPP group size only when interleaved), so PP1
-    and PP4 share one run of the peer's code. Each plan the peer makes is also checked against its rewrite in
-    :mod:`megatron_dpsched.baselines` (``matches``: peer -> plan_match results)."""
+    """Peer plans by what the peer's code reads of the layout (the VPP group size only when interleaved; PP only
+    for a peer Megatron refuses with PP > 1), so PP1 and PP4 share one run of the peer's code. Each plan the peer
+    makes is also checked against its rewrite in :mod:`megatron_dpsched.baselines` (``matches``: peer ->
+    plan_match results)."""
 
     def __init__(self) -> None:
         self.plans: dict[tuple, list[RankPlan] | str] = {}
@@ -258,7 +259,8 @@ class PeerCache:
     def plan(self, peer: PeerPlanner, lengths: list[int], config: ScheduleConfig) -> list[RankPlan] | str:
         layout = config.layout
         key = (peer.name, tuple(lengths), config.dp_size, config.token_cap,
-               layout.group_size if layout.interleaved else None)
+               layout.group_size if layout.interleaved else None,
+               config.pp_size > 1 and peer.pipeline_refusal is not None)
         if key not in self.plans:
             try:
                 self.plans[key] = peer.raw_plan(lengths, config=config)

@@ -76,6 +76,9 @@ SLIME_WORKLOAD_SHAPE = dict(
 MEGATRON_LM_MAX_SEQUENCES_PER_BIN = 50
 """``--rl-sequence-packing-max-sequences-per-bin``'s default (megatron/training/arguments.py)."""
 
+HYBRID_CP_PIPELINE_REFUSAL = "AssertionError: Hybrid context parallelism not supported with pipeline parallelism"
+"""megatron/training/arguments.py's assertion for ``--hybrid-context-parallel`` with PP > 1, word for word."""
+
 NEMO_RL_ALGORITHM = "modified_first_fit_decreasing"
 """NeMo-RL's ``sequence_packing.algorithm`` in its example configs."""
 
@@ -92,9 +95,13 @@ class PeerPlanner:
     plan_step: Callable[[list[int], ScheduleConfig], list[RankPlan]]
     cap_breaking: bool = False
     """Whether the peer may put more than the cap in a micro-batch of several samples."""
+    pipeline_refusal: str | None = None
+    """What Megatron raises for this peer with PP > 1 (None: it runs with any PP); such steps are refused."""
 
     def raw_plan(self, lengths: Sequence[int], *, config: ScheduleConfig) -> list[RankPlan]:
         """The peer's micro-batches as its code made them (counts as the peer leaves them); every sample once."""
+        if self.pipeline_refusal is not None and config.pp_size > 1:
+            raise PeerRefused(self.pipeline_refusal)
         try:
             ranks = self.plan_step([int(n) for n in lengths], config)
         except (AssertionError, ValueError, RuntimeError, IndexError) as exc:
@@ -390,8 +397,6 @@ def hybrid_cp_planner() -> PeerPlanner:
     from megatron.core.pipeline_parallel.hybrid_cp_schedule import BalancedCPScheduler
 
     def plan_step(lengths: list[int], config: ScheduleConfig) -> list[RankPlan]:
-        if config.pp_size > 1:  # Megatron's own check (megatron/training/arguments.py), word for word
-            raise ValueError("Hybrid context parallelism not supported with pipeline parallelism")
         dp, cp = config.dp_size, config.cp_size
         scheduler = BalancedCPScheduler(config.max_tokens_per_gpu, SimpleNamespace(size=lambda: dp * cp))
         order = megatron_order(len(lengths), dp)
@@ -401,7 +406,7 @@ def hybrid_cp_planner() -> PeerPlanner:
             raise ValueError("BalancedCPScheduler runs a sample on several ranks with CP > 1: not timed here")
         return ranks
 
-    return PeerPlanner(name="megatron_hybrid_cp", plan_step=plan_step)
+    return PeerPlanner(name="megatron_hybrid_cp", plan_step=plan_step, pipeline_refusal=HYBRID_CP_PIPELINE_REFUSAL)
 
 
 REWRITES = {"slime_strided": "slime_strided", "slime_kk": "slime_kk", "verl": "verl", "nemo_rl": "nemo_rl",

@@ -125,3 +125,14 @@ def test_classes_from_file_compiles_only_the_named_classes(tmp_path: Path) -> No
         assert "DpBalancedScheduler" in str(exc)
     else:
         raise AssertionError("a class missing from the checkout must be a ValueError")
+
+
+def test_a_peer_megatron_refuses_with_pipelines_is_refused_there_even_after_its_pp1_run() -> None:
+    peer = PeerPlanner(name="pp1_only", plan_step=_one_micro_batch_per_rank, pipeline_refusal="AssertionError: no PP")
+    lengths, cache = [100, 50, 70, 30, 20, 60, 40, 90], bench_peers.PeerCache()
+    runs = {}
+    for pp in (1, 2):
+        config = ScheduleConfig(dp_size=2, global_batch_size=8, max_tokens_per_gpu=1000, pp_size=pp)
+        runs[pp] = bench_peers.run_setting(lengths, setting="tiny", config=config, peers=[peer],
+                                           model=bench_peers.workload_model(1.0), cache=cache)
+    assert all(r.peer_seconds is not None for r in runs[1]) and all(r.peer_seconds is None for r in runs[2])
