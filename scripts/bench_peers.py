@@ -1,9 +1,11 @@
 """The project's plans against the peers' REAL planners, run from their checkouts (``--slime-src`` etc.).
 
-Each ``--*-src PATH`` names a checkout of a peer (slime, verl, NeMo-RL, Megatron-LM); its own planner
-functions are imported from there (:mod:`peer_sources` says which files and what stands in for imports
-that are not here; nothing of a peer is copied into this repository). Without any path the script says so
-and exits 0. Then it:
+Each ``--*-src PATH`` names a checkout of a peer (slime, verl, NeMo-RL, Megatron-LM: its RL packer and
+main's ``DpBalancedScheduler``); its own planner functions are imported from there (:mod:`peer_sources` says
+which files and what stands in for imports that are not here; nothing of a peer is copied into this
+repository). Hybrid CP's ``BalancedCPScheduler`` comes from the installed megatron-core: it joins when a
+checkout is given (``--no-hybrid-cp``: never; ``--hybrid-cp``: also alone). Without any peer the script
+says so and exits 0. Then it:
 
 (a) checks each rewrite of :mod:`megatron_dpsched.baselines` against the real code on ``--rewrite-cases``
     random inputs (DP 1-8, 1-24 samples per rank, caps 64-4096, PP 1/2/4 x VPP 1/2): how many plans are
@@ -244,9 +246,10 @@ def layout_name(pp: int, vpp: int) -> str:
 
 
 class PeerCache:
-    """Peer plans by what the peer's code reads of the layout (the VPP group size only when interleaved), so PP1
-    and PP4 share one run of the peer's code. Each plan the peer makes is also checked against its rewrite in
-    :mod:`megatron_dpsched.baselines` (``matches``: peer -> plan_match results)."""
+    """Peer plans by what the peer's code reads of the layout (the VPP group size only when interleaved; PP only
+    for a peer Megatron refuses with PP > 1), so PP1 and PP4 share one run of the peer's code. Each plan the peer
+    makes is also checked against its rewrite in :mod:`megatron_dpsched.baselines` (``matches``: peer ->
+    plan_match results)."""
 
     def __init__(self) -> None:
         self.plans: dict[tuple, list[RankPlan] | str] = {}
@@ -256,7 +259,8 @@ class PeerCache:
     def plan(self, peer: PeerPlanner, lengths: list[int], config: ScheduleConfig) -> list[RankPlan] | str:
         layout = config.layout
         key = (peer.name, tuple(lengths), config.dp_size, config.token_cap,
-               layout.group_size if layout.interleaved else None)
+               layout.group_size if layout.interleaved else None,
+               config.pp_size > 1 and peer.pipeline_refusal is not None)
         if key not in self.plans:
             try:
                 self.plans[key] = peer.raw_plan(lengths, config=config)
@@ -382,6 +386,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for peer, variable in SOURCES.items():
         parser.add_argument(f"--{peer.replace('_', '-')}-src", dest=peer, type=Path, default=os.environ.get(variable),
                             help=f"a checkout of the peer (default ${variable})")
+    parser.add_argument("--hybrid-cp", action=argparse.BooleanOptionalAction, default=None,
+                        help="hybrid CP's BalancedCPScheduler, installed megatron-core (default: with a checkout)")
     parser.add_argument("--lengths-dir", type=Path, default=DEFAULT_LENGTHS_DIR)
     parser.add_argument("--datasets", nargs="+", help="only these length sets")
     parser.add_argument("--dp", type=int, nargs="+", default=[8, 64], help="DP sizes (add 512 for the large run)")
@@ -402,13 +408,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None, *, log: Callable[[str], None] = print) -> int:
     args = parse_args(argv)
-    peers = load_peers({peer: getattr(args, peer) for peer in SOURCES})
+    sources = {peer: getattr(args, peer) for peer in SOURCES}
+    hybrid_cp = any(sources.values()) if args.hybrid_cp is None else args.hybrid_cp
+    peers = load_peers(sources, hybrid_cp=hybrid_cp)
     if not peers:
         log("no peer source given (--slime-src/--verl-src/--nemo-rl-src/--megatron-lm-src or "
-            + "/".join(SOURCES.values()) + "): nothing to compare")
+            + "/".join(SOURCES.values()) + ", or --hybrid-cp): nothing to compare")
         return 0
+    given = [peer for peer in SOURCES if sources[peer]] + (["hybrid_cp"] if hybrid_cp else [])
     log("Real planners: " + ", ".join(p.name for p in peers) + ". Not the peers' code: "
-        + "; ".join(f"{peer}: {STAND_INS[peer]}" for peer in SOURCES if getattr(args, peer)) + ".")
+        + "; ".join(f"{peer}: {STAND_INS[peer]}" for peer in given) + ".")
     if args.rewrite_cases:
         log("\n".join(rewrite_report([check_rewrite(p, cases=args.rewrite_cases) for p in peers
                                       if p.name in REWRITES])))

@@ -20,6 +20,12 @@ and empty micro-batches appended where a peer's count is not legal for Megatron'
 The workload is verl's ``c(L) = 24576 L + L^2`` everywhere: verl computes it itself; slime's
 ``calculate_fwd_flops`` is run with a model shape (:data:`SLIME_WORKLOAD_SHAPE`) for which it returns
 exactly ``2 c(L)``, so its Karmarkar-Karp splits on the same weights.
+
+Megatron's own schedulers take a step's ``(global id, padded length)`` pairs, ordered by DP rank then local
+index as Megatron gathers them (rank ``r`` holds samples ``r, r + DP, ...``: one sample per micro-batch of
+Megatron's sampler), and return per micro-batch (or group), per DP x CP rank, the ids packed there:
+``DpBalancedScheduler`` (Megatron-LM main, from the checkout) packs each DP rank's ids into one micro-batch;
+hybrid CP's ``BalancedCPScheduler`` (the installed megatron-core) runs each id as a micro-batch of its own.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import itertools
 import math
 import sys
 import types
+import typing
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -51,7 +58,11 @@ STAND_INS = {
     "megatron_lm": "megatron.core.utils.log_single_rank (a logger; round_up_to_nearest_multiple is the "
                       "checkout's own), megatron.core.mpu (DP rank/size = the rank planned), the tokenizer (its pad "
                       "id for empty bins), get_nvtx_range, PackedSeqParams and the num-microbatches calculator "
-                      "(names only)",
+                      "(names only); DpBalancedScheduler: nothing (BasePackingScheduler and DpBalancedScheduler are "
+                      "compiled from data_schedule.py's source; get_groups_and_subsamples reads nothing else)",
+    "hybrid_cp": "the DP x CP process group (only its size() is read); Megatron's refusal of hybrid CP with PP > 1 "
+                 "(arguments.py) is raised by the bench, as is a plan that runs a sample on several ranks with CP > 1 "
+                 "(a sample over the cap, or fewer samples than ranks), which the bench cannot time",
 }
 """Per peer: what is not the peer's own code (see the module docstring)."""
 
@@ -64,6 +75,9 @@ SLIME_WORKLOAD_SHAPE = dict(
 
 MEGATRON_LM_MAX_SEQUENCES_PER_BIN = 50
 """``--rl-sequence-packing-max-sequences-per-bin``'s default (megatron/training/arguments.py)."""
+
+HYBRID_CP_PIPELINE_REFUSAL = "AssertionError: Hybrid context parallelism not supported with pipeline parallelism"
+"""megatron/training/arguments.py's assertion for ``--hybrid-context-parallel`` with PP > 1, word for word."""
 
 NEMO_RL_ALGORITHM = "modified_first_fit_decreasing"
 """NeMo-RL's ``sequence_packing.algorithm`` in its example configs."""
@@ -81,9 +95,13 @@ class PeerPlanner:
     plan_step: Callable[[list[int], ScheduleConfig], list[RankPlan]]
     cap_breaking: bool = False
     """Whether the peer may put more than the cap in a micro-batch of several samples."""
+    pipeline_refusal: str | None = None
+    """What Megatron raises for this peer with PP > 1 (None: it runs with any PP); such steps are refused."""
 
     def raw_plan(self, lengths: Sequence[int], *, config: ScheduleConfig) -> list[RankPlan]:
         """The peer's micro-batches as its code made them (counts as the peer leaves them); every sample once."""
+        if self.pipeline_refusal is not None and config.pp_size > 1:
+            raise PeerRefused(self.pipeline_refusal)
         try:
             ranks = self.plan_step([int(n) for n in lengths], config)
         except (AssertionError, ValueError, RuntimeError, IndexError) as exc:
@@ -153,6 +171,18 @@ def function_from_file(path: Path, qualname: str, namespace: dict[str, object]) 
     code = compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec")
     exec(code, namespace)  # noqa: S102 - the peer's own function, read from the checkout the user named
     return namespace[name]
+
+
+def classes_from_file(path: Path, names: Sequence[str], namespace: dict[str, object]) -> dict[str, type]:
+    """Top-level classes ``names`` compiled from the checkout's source, in that order, globals ``namespace``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    nodes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+    missing = [name for name in names if name not in nodes]
+    if missing:
+        raise ValueError(f"{path} does not define {', '.join(missing)}: is the checkout too old?")
+    code = compile(ast.Module(body=[nodes[name] for name in names], type_ignores=[]), str(path), "exec")
+    exec(code, namespace)  # noqa: S102 - the peer's own classes, read from the checkout the user named
+    return {name: namespace[name] for name in names}
 
 
 def _checkout(source: str | Path, marker: str) -> Path:
@@ -329,13 +359,65 @@ def megatron_lm_planner(source: str | Path) -> PeerPlanner:
     return PeerPlanner(name="megatron_lm_rl", plan_step=plan_step)
 
 
+# --- Megatron's own schedulers -----------------------------------------------------------------------------------
+
+
+def megatron_order(count: int, dp_size: int) -> list[int]:
+    """Step positions in the order Megatron gathers their lengths: by DP rank (rank ``r`` holds ``r, r + DP, ...``),
+    then local index; the position in this list is the sample's global id."""
+    return [i for rank in range(dp_size) for i in range(rank, count, dp_size)]
+
+
+def dp_balanced_planner(source: str | Path) -> PeerPlanner:
+    """Megatron-LM main's ``DpBalancedScheduler.get_groups_and_subsamples``
+    (``megatron/core/datasets/data_schedule.py``), constructed as ``wrap_data_iterator`` does (the VPP group only
+    with VPP)."""
+    import torch
+
+    path = _checkout(source, "megatron/core/datasets/data_schedule.py") / "megatron/core/datasets/data_schedule.py"
+    namespace = {"torch": torch, **{name: getattr(typing, name) for name in typing.__all__}}
+    scheduler_class = classes_from_file(path, ("BasePackingScheduler", "DpBalancedScheduler"), namespace)[
+        "DpBalancedScheduler"]
+
+    def plan_step(lengths: list[int], config: ScheduleConfig) -> list[RankPlan]:
+        layout, dp, cp = config.layout, config.dp_size, config.cp_size
+        group = layout.group_size if layout.interleaved else None
+        scheduler = scheduler_class(config.max_tokens_per_gpu, cp, dp, group)
+        order = megatron_order(len(lengths), dp)
+        groups = scheduler.get_groups_and_subsamples([(k, lengths[i]) for k, i in enumerate(order)])
+        return [[[order[k] for k in micro_batch[rank * cp]] for micro_batch in groups] for rank in range(dp)]
+
+    return PeerPlanner(name="megatron_dp_balanced", plan_step=plan_step)
+
+
+def hybrid_cp_planner() -> PeerPlanner:
+    """Hybrid CP's ``BalancedCPScheduler.get_groups_and_subsamples`` from the installed megatron-core, as
+    ``HybridCPDataLoaderWrapper`` calls it; ``hybrid_context_parallel_forward_backward`` runs each sub-sample of a
+    group as a micro-batch of its own, group after group (the barrier between groups is not simulated)."""
+    from megatron.core.pipeline_parallel.hybrid_cp_schedule import BalancedCPScheduler
+
+    def plan_step(lengths: list[int], config: ScheduleConfig) -> list[RankPlan]:
+        dp, cp = config.dp_size, config.cp_size
+        scheduler = BalancedCPScheduler(config.max_tokens_per_gpu, SimpleNamespace(size=lambda: dp * cp))
+        order = megatron_order(len(lengths), dp)
+        _, groups = scheduler.get_groups_and_subsamples([(k, lengths[i]) for k, i in enumerate(order)], config)
+        ranks = [[[order[k]] for group in groups for k in group[rank]] for rank in range(dp * cp)]
+        if cp > 1 or sum(map(len, ranks)) != len(lengths):  # a sample on several ranks
+            raise ValueError("BalancedCPScheduler runs a sample on several ranks with CP > 1: not timed here")
+        return ranks
+
+    return PeerPlanner(name="megatron_hybrid_cp", plan_step=plan_step, pipeline_refusal=HYBRID_CP_PIPELINE_REFUSAL)
+
+
 REWRITES = {"slime_strided": "slime_strided", "slime_kk": "slime_kk", "verl": "verl", "nemo_rl": "nemo_rl",
             "megatron_lm_rl": "megatron_lm_rl"}
 """Real planner -> its rewrite in :mod:`megatron_dpsched.baselines` (``slime_flops`` has none)."""
 
 
-def load_peers(sources: dict[str, str | Path | None]) -> list[PeerPlanner]:
-    """The real planners of the peers whose checkout is given: ``sources`` maps slime/verl/nemo_rl/megatron_lm."""
+def load_peers(sources: dict[str, str | Path | None], *, hybrid_cp: bool = False) -> list[PeerPlanner]:
+    """The real planners of the peers whose checkout is given (``sources`` maps slime/verl/nemo_rl/megatron_lm;
+    Megatron-LM's gives its RL packer and ``DpBalancedScheduler``), and with ``hybrid_cp`` the installed
+    megatron-core's ``BalancedCPScheduler``."""
     out: list[PeerPlanner] = []
     if sources.get("slime"):
         out += [slime_planner(sources["slime"], balance_data=False), slime_planner(sources["slime"], balance_data=True),
@@ -345,5 +427,7 @@ def load_peers(sources: dict[str, str | Path | None]) -> list[PeerPlanner]:
     if sources.get("nemo_rl"):
         out.append(nemo_rl_planner(sources["nemo_rl"]))
     if sources.get("megatron_lm"):
-        out.append(megatron_lm_planner(sources["megatron_lm"]))
+        out += [megatron_lm_planner(sources["megatron_lm"]), dp_balanced_planner(sources["megatron_lm"])]
+    if hybrid_cp:
+        out.append(hybrid_cp_planner())
     return out

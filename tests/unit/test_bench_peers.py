@@ -101,3 +101,38 @@ def test_without_peer_sources_the_script_says_so_and_imports_no_torch(tmp_path: 
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "no peer source given" in proc.stdout
+
+
+def test_megatron_order_is_by_dp_rank_then_local_index() -> None:
+    from peer_sources import megatron_order
+
+    assert megatron_order(8, 2) == [0, 2, 4, 6, 1, 3, 5, 7]
+    assert megatron_order(6, 3) == [0, 3, 1, 4, 2, 5]
+    assert megatron_order(4, 1) == [0, 1, 2, 3]
+
+
+def test_classes_from_file_compiles_only_the_named_classes(tmp_path: Path) -> None:
+    from peer_sources import classes_from_file
+
+    source = tmp_path / "schedule.py"
+    source.write_text("import not_installed_here\n\nclass Base:\n    size = 2\n\n\nclass Packer(Base):\n"
+                      "    def double(self):\n        return self.size * 2\n", encoding="utf-8")
+    classes = classes_from_file(source, ("Base", "Packer"), {})
+    assert classes["Packer"]().double() == 4  # the module's import never ran
+    try:
+        classes_from_file(source, ("Base", "DpBalancedScheduler"), {})
+    except ValueError as exc:
+        assert "DpBalancedScheduler" in str(exc)
+    else:
+        raise AssertionError("a class missing from the checkout must be a ValueError")
+
+
+def test_a_peer_megatron_refuses_with_pipelines_is_refused_there_even_after_its_pp1_run() -> None:
+    peer = PeerPlanner(name="pp1_only", plan_step=_one_micro_batch_per_rank, pipeline_refusal="AssertionError: no PP")
+    lengths, cache = [100, 50, 70, 30, 20, 60, 40, 90], bench_peers.PeerCache()
+    runs = {}
+    for pp in (1, 2):
+        config = ScheduleConfig(dp_size=2, global_batch_size=8, max_tokens_per_gpu=1000, pp_size=pp)
+        runs[pp] = bench_peers.run_setting(lengths, setting="tiny", config=config, peers=[peer],
+                                           model=bench_peers.workload_model(1.0), cache=cache)
+    assert all(r.peer_seconds is not None for r in runs[1]) and all(r.peer_seconds is None for r in runs[2])
