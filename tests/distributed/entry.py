@@ -39,12 +39,13 @@ def corpus_rows(count: int = 48) -> list[list[int]]:
     return [[(7 * i + j) % 100 for j in range(lengths[i % len(lengths)] + 1)] for i in range(count)]
 
 
-def torchrun(argv: Sequence[str], *, nproc: int, timeout: int = 300) -> subprocess.CompletedProcess:
-    """``torchrun --nproc-per-node nproc scripts/pretrain_gpt_dpsched.py argv``."""
+def torchrun(argv: Sequence[str], *, nproc: int, timeout: int = 300,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``torchrun --nproc-per-node nproc scripts/pretrain_gpt_dpsched.py argv`` (``env``: more environment)."""
     launcher = Path(sys.executable).with_name("torchrun")
     cmd = [str(launcher), "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
            "--master-port", str(next(_PORTS)), str(ENTRY), *argv]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", **(env or {})}
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env, timeout=timeout)
 
 
