@@ -36,7 +36,11 @@ them (or in ``$DPSCHED_CACHE_DIR``).
 Both use the same per-token loss (``calculate_per_token_loss`` is always on), so on the same
 data and global batch size the two runs train the same maths.
 
-GPU runs go through Megatron's plain ``pretrain()``. ``--cpu-dry-run`` is a CPU-only
+Runs on megatron-core 0.17.1, 0.18.2, 0.19.2 and Megatron-LM main: where they differ, it calls Megatron
+through ``megatron_dpsched.megatron.releases`` (one adapter per difference).
+
+GPU runs go through Megatron's plain ``pretrain()`` (megatron-core 0.18 and newer: 0.17's parses the
+command line again, and is refused). ``--cpu-dry-run`` is a CPU-only
 dry run for demos and tests (``scripts/demo.py``): it refuses to start where CUDA is
 available, installs ``megatron_dpsched.testing.cpu_shim`` (maps CUDA placement to CPU),
 initializes Megatron with ``initialize_megatron_on_cpu`` on a gloo group, then runs
