@@ -40,8 +40,6 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-SOURCE_PATCH_RELEASES = "megatron-core 0.19.2 and Megatron-LM main"
-"""Where ``patches/megatron_training_dpsched.patch`` applies (other releases: the monkey-patch)."""
 LACKING: dict[str, tuple[tuple[int, int], str]] = {
     "update_seqlen_stats_from_cu_seqlens": (
         (0, 18), "Megatron's logged TFLOP/s count --seq-length per sample, not the real tokens; training, the "
