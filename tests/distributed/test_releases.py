@@ -6,7 +6,9 @@ runs every other test.
 Per release, with the same torch and the release first on ``PYTHONPATH``: the scenarios ``dp2`` and
 ``pp2_vpp2`` (the monkey-patch in Megatron's real ``train()``) train like the one-process whole-batch
 ``reference`` (losses, gradients, weights, every sample once), and the entry point's ``--cpu-dry-run``
-(2 ranks, DP 2) saves at step 2 and resumes with the same steps as the uninterrupted run.
+(2 ranks, DP 2) saves at step 2 and resumes with the same steps as the uninterrupted run; the version check
+picks the release's registry rows and names what it lacks. On the checkout also the source patch: its patched
+``training.py`` trains DP 2 like the reference.
 """
 
 from __future__ import annotations
@@ -151,3 +153,29 @@ def test_version_check_picks_the_releases_rows_and_names_what_it_lacks(release: 
     if old:
         assert "lacks update_seqlen_stats_from_cu_seqlens (added in megatron-core 0.18)" in found["lacking"][0]
         assert "use megatron-core 0.18.2 or newer for pretrain()" in found["pretrain_refused"]
+
+
+@pytest.mark.parametrize("release", [p for p in RELEASES if p.values == ("main",)])
+def test_source_patched_checkout_trains_like_the_whole_batch_reference(release_launches, tmp_path_factory,
+                                                                       release: str) -> None:
+    """The source patch applies to Megatron-LM main; its patched ``training.py`` (a copy of the checkout's
+    ``megatron/training``, first on ``PYTHONPATH``) trains DP 2 like the reference, ``enable()`` never called."""
+    import shutil
+    import subprocess
+
+    from harness import HOOK_MODE_ENV, PATCHED_MEGATRON_ENV
+
+    checkout = _release_folder(release)
+    patched = tmp_path_factory.mktemp("patched_checkout")
+    shutil.copytree(checkout / "megatron" / "training", patched / "megatron" / "training",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "apply_megatron_patch.sh"), "--target", str(patched)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    env = {HOOK_MODE_ENV: "source", PATCHED_MEGATRON_ENV: str(patched),
+           "PYTHONPATH": os.pathsep.join([str(patched), _python_path(checkout)])}
+    launches = LaunchResults(tmp_path_factory.mktemp("source_main"), env=env, only=("dp2",))
+    results = launches.get("dp2")
+    assert all(r["hook_mode"] == "source" and Path(r["training_file"]).is_relative_to(patched) for r in results)
+    (reference,) = release_launches(release).get("reference")
+    assert_trained_like_reference(results, reference, rtol=RTOL)
