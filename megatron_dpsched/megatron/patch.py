@@ -6,14 +6,17 @@ second loop such as Megatron-Bridge's ``megatron.bridge.training.train`` is one 
 the original (a one-line adapter around a hook function: all behaviour lives in
 :mod:`~megatron_dpsched.megatron.hooks` and the modules it names), the hook functions it calls, the
 loop's functions that must use the name (the version check) and when it is installed: on every job
-(the job checks, the step recorder) or with ``--dp-schedule``. The rows of
+(the job checks, the step recorder) or with ``--dp-schedule``, and the megatron-core releases it belongs
+to (``since`` / ``before``: where a release names a thing differently, one row per name; :func:`rows_of`
+picks the release's, see :mod:`~megatron_dpsched.megatron.releases`). The rows of
 ``megatron.training.training`` are listed in ``docs/patch.md``, generated from :data:`LOOPS`
 (``python -m megatron_dpsched.megatron.patch --markdown``; a test compares).
 
 :func:`enable` installs a loop's rows (idempotent; ``dp_schedule=False``: only the rows of every job)
 after one version check, :func:`check_megatron`, which names every name the Megatron release lacks or
-no longer uses in one ``RuntimeError``. The originals are kept in one store keyed by (loop, name);
-:func:`disable` puts every one back and forgets the hooks' state. The source patch
+no longer uses in one ``RuntimeError``, and says once which name the plugin calls outside the registry the
+release lacks and what works without it (``releases.LACKING``). The originals are kept in one store keyed
+by (loop, name); :func:`disable` puts every one back and forgets the hooks' state. The source patch
 (``patches/megatron_training_dpsched.patch``) calls the same hook functions from ``training.py``, every
 row's; with it, :func:`enable` installs nothing.
 """
@@ -54,7 +57,7 @@ class Replacement:
     parameters: tuple[str, ...] = ()
     """The original's leading parameters, which the replacement reads by position (the version check)."""
     since: tuple[int, int] | None = None
-    """The first megatron-core release (major, minor) the row belongs to; ``None``: every release before ``before``."""
+    """The first megatron-core release (major, minor) the row belongs to; ``None``: no lower bound."""
     before: tuple[int, int] | None = None
     """The first megatron-core release the row no longer belongs to (another row replaces it); ``None``: none."""
 
