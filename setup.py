@@ -20,7 +20,7 @@ setup(
     package_data={"megatron_dpsched": ["data/*.txt", "data/*.md"]},
     install_requires=["numpy>=1.24"],
     extras_require={
-        "megatron": ["torch>=2.6", "megatron-core>=0.19,<0.20"],
+        "megatron": ["torch>=2.6", "megatron-core>=0.17.1,<0.20"],
         "test": ["pytest>=8", "hypothesis>=6.100", "ruff>=0.6", "psutil>=5.9", "tensorboard>=2.15",
                  "transformers>=4.45", "tokenizers>=0.20", "scipy>=1.10"],
         "demo": ["matplotlib>=3.8", "scipy>=1.10"],

@@ -365,10 +365,9 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
 
 
 def _build_model() -> tuple[list[Any], Any, Any]:
-    from megatron.core.enums import ModelType
-    from megatron.training.training import setup_model_and_optimizer
+    from megatron_dpsched.megatron.releases import compat_0_19_setup_model_and_optimizer
 
-    return setup_model_and_optimizer(ModelType.encoder_or_decoder, model_provider)
+    return compat_0_19_setup_model_and_optimizer(model_provider)
 
 
 # --------------------------------------------------------------------------------------------------- main

@@ -86,7 +86,7 @@ main() {
   fi
   local why
   if ! why="$(git_apply "$root" --check "${forward[@]}" 2>&1)"; then
-    die "the patch does not $action cleanly to $root/$FILE (it fits Megatron-LM core_r0.19.x / megatron-core 0.19.2 and main at 0.20.0, d98e8a6):
+    die "the patch does not $action cleanly to $root/$FILE (it fits Megatron-LM core_r0.19.x / megatron-core 0.19.2 and main at 0.20.0, d98e8a6; on megatron-core 0.17.1 and 0.18.2 leave training.py as it is: setup_dp_schedule installs the same hooks at run time, the monkey-patch):
 $why"
   fi
   if [[ $CHECK -eq 1 ]]; then

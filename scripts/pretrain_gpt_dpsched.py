@@ -36,7 +36,11 @@ them (or in ``$DPSCHED_CACHE_DIR``).
 Both use the same per-token loss (``calculate_per_token_loss`` is always on), so on the same
 data and global batch size the two runs train the same maths.
 
-GPU runs go through Megatron's plain ``pretrain()``. ``--cpu-dry-run`` is a CPU-only
+Runs on megatron-core 0.17.1, 0.18.2, 0.19.2 and Megatron-LM main: where they differ, it calls Megatron
+through ``megatron_dpsched.megatron.releases`` (one adapter per difference).
+
+GPU runs go through Megatron's plain ``pretrain()`` (megatron-core 0.18 and newer: 0.17's parses the
+command line again, and is refused). ``--cpu-dry-run`` is a CPU-only
 dry run for demos and tests (``scripts/demo.py``): it refuses to start where CUDA is
 available, installs ``megatron_dpsched.testing.cpu_shim`` (maps CUDA placement to CPU),
 initializes Megatron with ``initialize_megatron_on_cpu`` on a gloo group, then runs
@@ -173,7 +177,9 @@ def _check_corpus_path(flag: str, prefix: str, *, conversations: bool = False) -
 
 def parse_arguments(dry_run: bool) -> argparse.Namespace:
     """Megatron's parse + validate (+ global variables on the ``pretrain`` path), then ours."""
-    from megatron.training.arguments import parse_and_validate_args, parse_args, validate_args
+    from megatron.training.arguments import parse_args, validate_args
+
+    from megatron_dpsched.megatron.releases import compat_0_18_parse_and_validate_args
 
     if dry_run:
         start_cpu_dry_run()  # before validate_args, which asks the device about TP/CP settings
@@ -182,7 +188,7 @@ def parse_arguments(dry_run: bool) -> argparse.Namespace:
         validate_args(args)
     else:
         check_before_validate_args(parse_args(extra_args_provider))
-        args = parse_and_validate_args(extra_args_provider=extra_args_provider)
+        args = compat_0_18_parse_and_validate_args(extra_args_provider)
     adjust_args(args)
     return args
 
@@ -369,13 +375,11 @@ def recording_plans(args: argparse.Namespace) -> Iterator[None]:
 
 def run_pretrain(args: argparse.Namespace) -> None:
     """The GPU path: Megatron's ``pretrain()``."""
-    from megatron.core.enums import ModelType
-    from megatron.training.argument_utils import pretrain_cfg_container_from_args
-    from megatron.training.training import pretrain
+    from megatron_dpsched.megatron.releases import compat_0_19_pretrain
 
     with recording_plans(args):
-        pretrain(pretrain_cfg_container_from_args(args), train_valid_test_datasets_provider,
-                 ModelType.encoder_or_decoder, forward_step, model_provider=_model_provider_with_recorder)
+        compat_0_19_pretrain(args, datasets_provider=train_valid_test_datasets_provider, forward_step=forward_step,
+                             model_provider=_model_provider_with_recorder)
 
 
 def _model_provider_with_recorder(*args: Any, **kwargs: Any) -> Any:
@@ -401,11 +405,10 @@ def run_cpu_dry_run(args: argparse.Namespace) -> None:
     """CPU-only dry run: gloo + CUDA shim + Megatron's real model/optimizer set-up, data path and ``train()``."""
     if args.distributed_backend != "gloo":
         raise ValueError(f"{DRY_RUN_FLAG} needs --distributed-backend gloo; got {args.distributed_backend}")
-    from megatron.core.enums import ModelType
     from megatron.core.utils import get_model_config
     from megatron.training import training
-    from megatron.training.vocab_utils import calculate_padded_vocab_size
 
+    from megatron_dpsched.megatron.releases import compat_0_18_padded_vocab_size, compat_0_19_setup_model_and_optimizer
     from megatron_dpsched.testing import cpu_shim
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -413,11 +416,10 @@ def run_cpu_dry_run(args: argparse.Namespace) -> None:
     vocab_size = args.vocab_size
     if vocab_size is None and args.sft_conversations:  # pretrain() gets it from the tokenizer it builds
         vocab_size = corpus(args).format.tokenizer.vocab_size
-    args.padded_vocab_size = calculate_padded_vocab_size(
-        vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size, logging_enabled=False)
+    args.padded_vocab_size = compat_0_18_padded_vocab_size(vocab_size, args)
     cpu_shim.initialize_megatron_on_cpu(args)
     install_recorder(args)
-    model, optimizer, scheduler = training.setup_model_and_optimizer(ModelType.encoder_or_decoder, model_provider)
+    model, optimizer, scheduler = compat_0_19_setup_model_and_optimizer(model_provider)
     train_iter, valid_iter = _data_iterators(len(model))
     try:
         with recording_plans(args):

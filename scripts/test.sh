@@ -8,6 +8,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup_env.sh
+# The other megatron-core releases CI trains on (tests/distributed/test_releases.py), each installed apart once,
+# without dependencies (they run on this environment's torch), in DPSCHED_RELEASES_DIR/<version>.
+export DPSCHED_RELEASES_DIR="${DPSCHED_RELEASES_DIR:-${VENV:-$PWD/.venv}/megatron-releases}"
+for version in 0.17.1 0.18.2; do
+  if [ ! -f "$DPSCHED_RELEASES_DIR/$version/megatron/training/training.py" ]; then
+    echo "installing megatron-core $version apart into $DPSCHED_RELEASES_DIR/$version (--no-deps)"
+    "$PY" -m pip install -q --no-deps --target "$DPSCHED_RELEASES_DIR/$version" "megatron-core==$version"
+  fi
+done
 "$PY" -m ruff check .
 if [ "$#" -gt 0 ]; then
   set -- -m "not slow" "$@"   # pytest keeps the last -m it is given

@@ -211,8 +211,9 @@ def count_real_tokens(feed: StepFeed, step: StepBatches) -> None:
     """Feed this rank's real sample lengths to Megatron's per-iteration sequence statistics, so its
     TFLOP/s count the real tokens (``sum L`` and ``sum L**2``), not ``global batch x --seq-length``."""
     import torch
-    from megatron.training import training
+
+    from megatron_dpsched.megatron.releases import compat_0_18_update_seqlen_stats
 
     lengths = [feed.planned_length(i) for mb in step.micro_batches for i in mb] or [0]
     # every rank calls it, a rank without samples too: Megatron then all-reduces the sums over the job
-    training.update_seqlen_stats_from_cu_seqlens(torch.tensor([0, *itertools.accumulate(lengths)]))
+    compat_0_18_update_seqlen_stats(torch.tensor([0, *itertools.accumulate(lengths)]))

@@ -6,14 +6,17 @@ second loop such as Megatron-Bridge's ``megatron.bridge.training.train`` is one 
 the original (a one-line adapter around a hook function: all behaviour lives in
 :mod:`~megatron_dpsched.megatron.hooks` and the modules it names), the hook functions it calls, the
 loop's functions that must use the name (the version check) and when it is installed: on every job
-(the job checks, the step recorder) or with ``--dp-schedule``. The rows of
+(the job checks, the step recorder) or with ``--dp-schedule``, and the megatron-core releases it belongs
+to (``since`` / ``before``: where a release names a thing differently, one row per name; :func:`rows_of`
+picks the release's, see :mod:`~megatron_dpsched.megatron.releases`). The rows of
 ``megatron.training.training`` are listed in ``docs/patch.md``, generated from :data:`LOOPS`
 (``python -m megatron_dpsched.megatron.patch --markdown``; a test compares).
 
 :func:`enable` installs a loop's rows (idempotent; ``dp_schedule=False``: only the rows of every job)
 after one version check, :func:`check_megatron`, which names every name the Megatron release lacks or
-no longer uses in one ``RuntimeError``. The originals are kept in one store keyed by (loop, name);
-:func:`disable` puts every one back and forgets the hooks' state. The source patch
+no longer uses in one ``RuntimeError``, and says once which name the plugin calls outside the registry the
+release lacks and what works without it (``releases.LACKING``). The originals are kept in one store keyed
+by (loop, name); :func:`disable` puts every one back and forgets the hooks' state. The source patch
 (``patches/megatron_training_dpsched.patch``) calls the same hook functions from ``training.py``, every
 row's; with it, :func:`enable` installs nothing.
 """
@@ -28,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from megatron_dpsched.megatron import hooks, job_checks
+from megatron_dpsched.megatron import hooks, job_checks, releases
 
 _PACKAGE = Path(__file__).resolve().parents[1]
 """The installed ``megatron_dpsched`` folder."""
@@ -53,6 +56,14 @@ class Replacement:
     """``always``: every job, with or without ``--dp-schedule``; ``dp_schedule``: jobs with it."""
     parameters: tuple[str, ...] = ()
     """The original's leading parameters, which the replacement reads by position (the version check)."""
+    since: tuple[int, int] | None = None
+    """The first megatron-core release (major, minor) the row belongs to; ``None``: no lower bound."""
+    before: tuple[int, int] | None = None
+    """The first megatron-core release the row no longer belongs to (another row replaces it); ``None``: none."""
+
+    def belongs_to(self, release: tuple[int, int]) -> bool:
+        """Whether the row is installed on megatron-core ``release`` (major, minor)."""
+        return (self.since is None or release >= self.since) and (self.before is None or release < self.before)
 
 
 # --- the adapters: one per row, each around a hook function ------------------------------------
@@ -81,6 +92,18 @@ def _update_num_microbatches(original: Callable[..., Any]) -> Callable[..., Any]
 def _get_moe_metrics_tracker(original: Callable[..., Any]) -> Callable[..., Any]:
     """Its tracker's `report` gets `loss_scale = 1 / microbatches_run()` (the micro-batches the step ran)."""
     return lambda *args, **kwargs: _ScaledByMicroBatchesRun(original(*args, **kwargs), "report")
+
+
+def _track_moe_metrics(original: Callable[..., Any]) -> Callable[..., Any]:
+    """It gets `loss_scale = 1 / microbatches_run()` (megatron-core 0.17's MoE loss logging)."""
+
+    def track(*args: Any, **kwargs: Any) -> Any:
+        scale = 1 / hooks.microbatches_run()
+        if args and "loss_scale" not in kwargs:
+            return original(scale, *args[1:], **kwargs)
+        return original(*args, **{**kwargs, "loss_scale": scale})
+
+    return track
 
 
 def _mtp_loss_logging_helper(original: Any) -> Any:
@@ -137,7 +160,9 @@ LOOPS: dict[str, tuple[Replacement, ...]] = {MEGATRON_LM: (
     Replacement(name="update_num_microbatches", make=_update_num_microbatches,
                 calls=("on_update_num_microbatches",), used_by=("train",), when="dp_schedule"),
     Replacement(name="get_moe_metrics_tracker", make=_get_moe_metrics_tracker, calls=("microbatches_run",),
-                used_by=("training_log",), when="dp_schedule"),
+                used_by=("training_log",), when="dp_schedule", since=(0, 18)),
+    Replacement(name="track_moe_metrics", make=_track_moe_metrics, calls=("microbatches_run",),
+                used_by=("training_log",), when="dp_schedule", parameters=("loss_scale",), before=(0, 18)),
     Replacement(name="MTPLossLoggingHelper", make=_mtp_loss_logging_helper, calls=("microbatches_run",),
                 used_by=("training_log",), when="dp_schedule"),
     Replacement(name="DSAIndexerLossLoggingHelper", make=_dsa_indexer_loss_logging_helper,
@@ -168,6 +193,12 @@ def register(loop: str, rows: Sequence[Replacement]) -> None:
     LOOPS[loop] = tuple(rows)
 
 
+def rows_of(loop: str = MEGATRON_LM) -> tuple[Replacement, ...]:
+    """The rows of ``loop`` that belong to the megatron-core release imported (:meth:`Replacement.belongs_to`)."""
+    release = releases.megatron_core_version()
+    return tuple(row for row in LOOPS[loop] if row.belongs_to(release))
+
+
 # --- the version check -------------------------------------------------------------------------
 
 
@@ -177,7 +208,7 @@ def check_megatron(module: Any = None, *, loop: str = MEGATRON_LM, rows: Iterabl
     module = importlib.import_module(loop) if module is None else module
     kept = {name: original for (of, name), original in _originals.items() if of == loop}
     found = _Found(module, kept if module is sys.modules.get(loop) else {})
-    for row in LOOPS[loop] if rows is None else rows:
+    for row in rows_of(loop) if rows is None else rows:
         found.check(row)
     if found.problems():
         raise RuntimeError(f"dp-schedule: unsupported Megatron version: {loop} does not fit the plugin's patch: "
@@ -229,9 +260,11 @@ def enable(*, dp_schedule: bool = True, loop: str = MEGATRON_LM) -> None:
     if is_source_patched(module):
         require_current_source_patch(module, loop=loop)
         return
-    rows = [row for row in LOOPS[loop]
+    rows = [row for row in rows_of(loop)
             if (loop, row.name) not in _originals and (dp_schedule or row.when == "always")]
     check_megatron(module, loop=loop, rows=rows)
+    if loop == MEGATRON_LM:
+        releases.say_lacking_once(module)
     for row in rows:
         original = getattr(module, row.name)
         _originals[(loop, row.name)] = original
@@ -294,10 +327,17 @@ def markdown(loop: str = MEGATRON_LM) -> str:
              f"| name in `{loop}` | installed | must be used by | calls (`hooks.`) | the replacement |",
              "| --- | --- | --- | --- | --- |"]
     for row in LOOPS[loop]:
-        when = "every job" if row.when == "always" else "with `--dp-schedule`"
+        when = ("every job" if row.when == "always" else "with `--dp-schedule`") + _releases(row)
         lines.append(f"| `{row.name}` | {when} | {', '.join(f'`{f}`' for f in row.used_by)} | "
                      f"{', '.join(f'`{c}`' for c in row.calls)} | {_first_line(row.make)} |")
     return "\n".join(lines) + "\n"
+
+
+def _releases(row: Replacement) -> str:
+    """``row``'s releases for the docs' table: empty for every release."""
+    bounds = ([f">= {row.since[0]}.{row.since[1]}"] if row.since else []) + (
+        [f"< {row.before[0]}.{row.before[1]}"] if row.before else [])
+    return f", megatron-core {' and '.join(bounds)}" if bounds else ""
 
 
 def _first_line(function: Callable[..., Any]) -> str:

@@ -224,11 +224,11 @@ def initialize_megatron_on_cpu(args: Any) -> None:
     ``--distributed-backend gloo``). Skips what cannot run on CPU: the dataset
     helpers' ``make``; seeds Megatron's RNG states into the CPU tracker. Call :func:`install` first.
     """
-    from megatron.training.global_vars import set_global_variables
-    from megatron.training.initialize import _initialize_distributed, _set_random_seed, initialize_megatron
+    from megatron.training.initialize import _initialize_distributed, _set_random_seed
 
-    set_global_variables(args, build_tokenizer=False)
-    initialize_megatron(allow_no_cuda=True, skip_mpu_initialization=True)
+    from megatron_dpsched.megatron.releases import compat_0_18_initialize_megatron
+
+    compat_0_18_initialize_megatron(args)
     with pretend_one_device():
         _initialize_distributed(None, None, None)
         reset_rng_tracker(args.seed)

@@ -39,12 +39,13 @@ def corpus_rows(count: int = 48) -> list[list[int]]:
     return [[(7 * i + j) % 100 for j in range(lengths[i % len(lengths)] + 1)] for i in range(count)]
 
 
-def torchrun(argv: Sequence[str], *, nproc: int, timeout: int = 300) -> subprocess.CompletedProcess:
-    """``torchrun --nproc-per-node nproc scripts/pretrain_gpt_dpsched.py argv``."""
+def torchrun(argv: Sequence[str], *, nproc: int, timeout: int = 300,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``torchrun --nproc-per-node nproc scripts/pretrain_gpt_dpsched.py argv`` (``env``: more environment)."""
     launcher = Path(sys.executable).with_name("torchrun")
     cmd = [str(launcher), "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
            "--master-port", str(next(_PORTS)), str(ENTRY), *argv]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", **(env or {})}
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env, timeout=timeout)
 
 
@@ -76,3 +77,20 @@ def errors(log: str) -> str:
     words = ("error", "terminate", "what()", "fatal", "abort", "exception", "signal")
     keep = [line for line in log.splitlines() if line.startswith("  File") or any(w in line.lower() for w in words)]
     return "\n".join(keep[-60:])
+
+
+RESUME_COMPARED = ("micro_batch_ids", "loss", "lr", "consumed_samples", "fingerprint", "micro_batches", "tokens")
+"""The step records' fields a resumed run must repeat exactly."""
+
+
+def assert_resumed_like_uninterrupted(full: dict[tuple[int, int], dict], resumed: dict[tuple[int, int], dict], *,
+                                      save_at: int) -> dict[tuple[int, int], dict]:
+    """The resumed run's step records ((rank, iteration) -> record) equal the uninterrupted run's from ``save_at``
+    on (every rank, every field of :data:`RESUME_COMPARED`); returns those expected records."""
+    expected = {key: record for key, record in full.items() if key[1] >= save_at}
+    assert sorted(resumed) == sorted(expected), "the resumed run must train exactly the steps after the save"
+    for key, record in expected.items():
+        for field in RESUME_COMPARED:
+            assert resumed[key][field] == record[field], f"rank {key[0]} iteration {key[1]}: {field}"
+    assert any(record["loss"] is not None for record in expected.values())
+    return expected

@@ -184,10 +184,9 @@ def _mtp_block_spec(args: Any, config: Any, spec: Any, vp_stage: int | None) -> 
 
 def build_model_and_optimizer() -> tuple[list[Any], Any, Any]:
     """Megatron's real ``setup_model_and_optimizer``, then a layout-independent initialisation."""
-    from megatron.core.enums import ModelType
-    from megatron.training.training import setup_model_and_optimizer
+    from megatron_dpsched.megatron.releases import compat_0_19_setup_model_and_optimizer
 
-    model, optimizer, scheduler = setup_model_and_optimizer(ModelType.encoder_or_decoder, model_provider)
+    model, optimizer, scheduler = compat_0_19_setup_model_and_optimizer(model_provider)
     with torch.no_grad():
         for name, param in global_named_parameters(model).items():
             param.copy_(local_shard(deterministic_value(name, full_shape(param)), param))

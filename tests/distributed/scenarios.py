@@ -53,11 +53,10 @@ class _FlopsRecorder:
         self._original = training.num_floating_point_operations
         training.num_floating_point_operations = self
 
-    def __call__(self, args: Any, batch_size: int, seqlen_squared_sum_in_batch: float | None = None,
-                 total_real_tokens_in_batch: float | None = None) -> float:
-        self.calls.append((total_real_tokens_in_batch, seqlen_squared_sum_in_batch))
-        return self._original(args, batch_size, seqlen_squared_sum_in_batch=seqlen_squared_sum_in_batch,
-                              total_real_tokens_in_batch=total_real_tokens_in_batch)
+    def __call__(self, args: Any, batch_size: int, **figures: float | None) -> float:
+        """``figures``: ``seqlen_squared_sum_in_batch`` and ``total_real_tokens_in_batch`` (megatron-core 0.18+)."""
+        self.calls.append((figures.get("total_real_tokens_in_batch"), figures.get("seqlen_squared_sum_in_batch")))
+        return self._original(args, batch_size, **figures)
 
     def remove(self) -> None:
         from megatron.training import training

@@ -260,7 +260,7 @@ def test_enable_disable_are_idempotent_and_restore_the_originals() -> None:
     import megatron.training.training as training
 
     patch.disable()
-    originals = {row.name: getattr(training, row.name) for row in patch.LOOPS[patch.MEGATRON_LM]}
+    originals = {row.name: getattr(training, row.name) for row in patch.rows_of()}
     patch.enable()
     patch.enable()
     assert all(getattr(training, name) is not originals[name] for name in originals)

@@ -24,7 +24,7 @@ from megatron_dpsched.megatron import patch
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"),
               pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
-ROWS = patch.LOOPS[patch.MEGATRON_LM]
+ROWS = patch.rows_of()
 EVERY_JOB = ("setup_model_and_optimizer", "save_checkpoint", "train_step")
 
 
