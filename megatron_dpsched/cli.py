@@ -408,6 +408,9 @@ def _warn(warnings: Sequence[PlanWarning]) -> None:
 
 def _run_plan(args: argparse.Namespace) -> int:
     caps = args.max_tokens_per_gpu or (None,)
+    if len(caps) > 1 and (args.megatron_lm_src or args.megatron_hybrid_cp):
+        raise ValueError("Megatron's schedulers (--megatron-lm-src, --megatron-hybrid-cp) are compared at one cap: "
+                         "give --max-tokens-per-gpu one cap, not a sweep")
     if len(caps) > 1:
         return run_sweep(args, caps=caps, what_if=_what_if, warn=_warn)
     args.max_tokens_per_gpu = caps[0]

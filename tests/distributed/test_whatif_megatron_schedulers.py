@@ -68,6 +68,14 @@ def test_megatron_schedulers_need_a_token_cap(capsys, tmp_path) -> None:
                    "pack under a token cap"]
 
 
+def test_megatron_schedulers_are_not_part_of_a_cap_sweep(capsys, tmp_path) -> None:
+    assert main(["plan", _write(tmp_path, [100] * 8), "--dp-size", "2", "--global-batch-size", "8",
+                 "--max-tokens-per-gpu", "256,512", "--megatron-hybrid-cp"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "megatron-dpsched: error: Megatron's schedulers (--megatron-lm-src, --megatron-hybrid-cp) are compared at "
+        "one cap: give --max-tokens-per-gpu one cap, not a sweep"]
+
+
 def test_a_directory_that_is_no_megatron_lm_checkout_is_one_error_line(capsys, tmp_path) -> None:
     assert main(["plan", _write(tmp_path, [100] * 8), "--dp-size", "2", "--global-batch-size", "8",
                  "--max-tokens-per-gpu", "256", "--megatron-lm-src", str(tmp_path)]) == 2
