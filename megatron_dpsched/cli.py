@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
+from megatron_dpsched.baselines.megatron_schedulers import StepPlan, dp_balanced_step_plan, hybrid_cp_step_plan
 from megatron_dpsched.core import DPSchedule, ScheduleConfig, ScheduleInvariantError, StepTimeModel
 from megatron_dpsched.core.cost import CostModelFile
 from megatron_dpsched.core.padding import pad_multiple_for
@@ -45,6 +46,7 @@ from megatron_dpsched.whatif.analysis import (
     WhatIf,
     compare,
     plan_baselines,
+    plan_megatron_schedulers,
     plan_ours,
     plan_warnings,
 )
@@ -188,6 +190,18 @@ def _add_simulation(plan: argparse.ArgumentParser) -> None:
                             "training's step-time objective assumes)")
 
 
+def _add_megatron_schedulers(plan: argparse.ArgumentParser) -> None:
+    group = plan.add_argument_group(
+        "Megatron's own schedulers", "also compare with Megatron's schedulers, run from their own code (needs torch "
+        "and --max-tokens-per-gpu)")
+    group.add_argument("--megatron-lm-src", metavar="DIR",
+                       help="a Megatron-LM checkout: compare with its DpBalancedScheduler "
+                            "(megatron/core/datasets/data_schedule.py)")
+    group.add_argument("--megatron-hybrid-cp", action="store_true",
+                       help="compare with hybrid context parallel's BalancedCPScheduler from the installed "
+                            "megatron-core (PP 1 only, as Megatron requires)")
+
+
 def _add_output(plan: argparse.ArgumentParser) -> None:
     group = plan.add_argument_group("output")
     group.add_argument("-o", "--output", metavar="PLAN.json", help="write dp-schedule's plan as JSON here")
@@ -213,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("input", metavar="INPUT",
                       help="a length file (token counts separated by whitespace or newlines), a JSONL corpus "
                            '(*.jsonl, {"tokens": [ids]} per line) or an indexed dataset PREFIX (.bin/.idx)')
-    for add in (_add_layout, _add_planning, _add_model, _add_simulation, _add_output):
+    for add in (_add_layout, _add_planning, _add_model, _add_simulation, _add_megatron_schedulers, _add_output):
         add(plan)
     check = commands.add_parser("check", help="check the invariants of a JSON plan and print its figures",
                                 description="Check a plan written by 'megatron-dpsched plan -o'.")
@@ -343,8 +357,23 @@ def _config(args: argparse.Namespace, *, step_time_model: StepTimeModel | None =
     return config
 
 
+def _megatron_scheduler_plans(args: argparse.Namespace) -> dict[str, StepPlan]:
+    """The step plans of the Megatron schedulers asked for, loaded from their code (a one-line error if not)."""
+    asked = {"--megatron-lm-src": args.megatron_lm_src, "--megatron-hybrid-cp": args.megatron_hybrid_cp}
+    if any(asked.values()) and not args.max_tokens_per_gpu:
+        flags = ", ".join(flag for flag, value in asked.items() if value)
+        raise ValueError(f"{flags} needs --max-tokens-per-gpu: Megatron's schedulers pack under a token cap")
+    plans = {}
+    if args.megatron_lm_src:
+        plans["megatron_dp_balanced"] = dp_balanced_step_plan(args.megatron_lm_src)
+    if args.megatron_hybrid_cp:
+        plans["megatron_hybrid_cp"] = hybrid_cp_step_plan()
+    return plans
+
+
 def _what_if(args: argparse.Namespace) -> tuple[WhatIf, str, str]:
     _check_options(args)
+    megatron_plans = _megatron_scheduler_plans(args)
     lengths, kind = load_sample_lengths(args.input)
     args = _resolve(args)
     simulation, model_source = simulation_from_flags(args)
@@ -357,6 +386,8 @@ def _what_if(args: argparse.Namespace) -> tuple[WhatIf, str, str]:
             ours = plan_ours(lengths, config=config, cost_model=simulation.cost_model, tick=bar.update)
         with Progress("baselines", len(BASELINE_NAMES) if config.token_cap else 0, enabled=shown) as bar:
             schedules = {OURS: ours, **plan_baselines(ours, tick=bar.update)}
+        megatron, refusals = plan_megatron_schedulers(ours, megatron_plans)
+        schedules.update(megatron)
     except ArgumentError as error:
         raise _flag_error(error) from None
     try:
@@ -366,7 +397,7 @@ def _what_if(args: argparse.Namespace) -> tuple[WhatIf, str, str]:
         raise ValueError(f"{_timing_flag(args)}: {error}") from None
     _check_finite(compared, args)
     report = WhatIf(config=config, simulation=simulation, schedules=schedules, steps=compared,
-                    warnings=plan_warnings(schedules[OURS]))
+                    warnings=(*plan_warnings(schedules[OURS]), *refusals))
     return report, f"{args.input} ({kind})", model_source
 
 
@@ -377,6 +408,9 @@ def _warn(warnings: Sequence[PlanWarning]) -> None:
 
 def _run_plan(args: argparse.Namespace) -> int:
     caps = args.max_tokens_per_gpu or (None,)
+    if len(caps) > 1 and (args.megatron_lm_src or args.megatron_hybrid_cp):
+        raise ValueError("Megatron's schedulers (--megatron-lm-src, --megatron-hybrid-cp) are compared at one cap: "
+                         "give --max-tokens-per-gpu one cap, not a sweep")
     if len(caps) > 1:
         return run_sweep(args, caps=caps, what_if=_what_if, warn=_warn)
     args.max_tokens_per_gpu = caps[0]

@@ -36,13 +36,20 @@ import itertools
 import math
 import sys
 import types
-import typing
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
+from megatron_dpsched.baselines.megatron_schedulers import (  # noqa: F401 - megatron_order, classes_from_file: API
+    HYBRID_CP_PIPELINE_REFUSAL,
+    SchedulerRefused,
+    classes_from_file,
+    dp_balanced_step_plan,
+    hybrid_cp_step_plan,
+    megatron_order,
+)
 from megatron_dpsched.baselines.partition import pad_to_legal
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
 
@@ -76,9 +83,6 @@ SLIME_WORKLOAD_SHAPE = dict(
 MEGATRON_LM_MAX_SEQUENCES_PER_BIN = 50
 """``--rl-sequence-packing-max-sequences-per-bin``'s default (megatron/training/arguments.py)."""
 
-HYBRID_CP_PIPELINE_REFUSAL = "AssertionError: Hybrid context parallelism not supported with pipeline parallelism"
-"""megatron/training/arguments.py's assertion for ``--hybrid-context-parallel`` with PP > 1, word for word."""
-
 NEMO_RL_ALGORITHM = "modified_first_fit_decreasing"
 """NeMo-RL's ``sequence_packing.algorithm`` in its example configs."""
 
@@ -104,6 +108,8 @@ class PeerPlanner:
             raise PeerRefused(self.pipeline_refusal)
         try:
             ranks = self.plan_step([int(n) for n in lengths], config)
+        except SchedulerRefused as exc:  # Megatron's schedulers: already their code's first line
+            raise PeerRefused(str(exc)) from exc
         except (AssertionError, ValueError, RuntimeError, IndexError) as exc:
             message = str(exc).splitlines()[0][:160] if str(exc) else ""
             raise PeerRefused(f"{type(exc).__name__}: {message}") from exc
@@ -171,18 +177,6 @@ def function_from_file(path: Path, qualname: str, namespace: dict[str, object]) 
     code = compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec")
     exec(code, namespace)  # noqa: S102 - the peer's own function, read from the checkout the user named
     return namespace[name]
-
-
-def classes_from_file(path: Path, names: Sequence[str], namespace: dict[str, object]) -> dict[str, type]:
-    """Top-level classes ``names`` compiled from the checkout's source, in that order, globals ``namespace``."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    nodes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
-    missing = [name for name in names if name not in nodes]
-    if missing:
-        raise ValueError(f"{path} does not define {', '.join(missing)}: is the checkout too old?")
-    code = compile(ast.Module(body=[nodes[name] for name in names], type_ignores=[]), str(path), "exec")
-    exec(code, namespace)  # noqa: S102 - the peer's own classes, read from the checkout the user named
-    return {name: namespace[name] for name in names}
 
 
 def _checkout(source: str | Path, marker: str) -> Path:
@@ -362,51 +356,16 @@ def megatron_lm_planner(source: str | Path) -> PeerPlanner:
 # --- Megatron's own schedulers -----------------------------------------------------------------------------------
 
 
-def megatron_order(count: int, dp_size: int) -> list[int]:
-    """Step positions in the order Megatron gathers their lengths: by DP rank (rank ``r`` holds ``r, r + DP, ...``),
-    then local index; the position in this list is the sample's global id."""
-    return [i for rank in range(dp_size) for i in range(rank, count, dp_size)]
-
-
 def dp_balanced_planner(source: str | Path) -> PeerPlanner:
-    """Megatron-LM main's ``DpBalancedScheduler.get_groups_and_subsamples``
-    (``megatron/core/datasets/data_schedule.py``), constructed as ``wrap_data_iterator`` does (the VPP group only
-    with VPP)."""
-    import torch
-
-    path = _checkout(source, "megatron/core/datasets/data_schedule.py") / "megatron/core/datasets/data_schedule.py"
-    namespace = {"torch": torch, **{name: getattr(typing, name) for name in typing.__all__}}
-    scheduler_class = classes_from_file(path, ("BasePackingScheduler", "DpBalancedScheduler"), namespace)[
-        "DpBalancedScheduler"]
-
-    def plan_step(lengths: list[int], config: ScheduleConfig) -> list[RankPlan]:
-        layout, dp, cp = config.layout, config.dp_size, config.cp_size
-        group = layout.group_size if layout.interleaved else None
-        scheduler = scheduler_class(config.max_tokens_per_gpu, cp, dp, group)
-        order = megatron_order(len(lengths), dp)
-        groups = scheduler.get_groups_and_subsamples([(k, lengths[i]) for k, i in enumerate(order)])
-        return [[[order[k] for k in micro_batch[rank * cp]] for micro_batch in groups] for rank in range(dp)]
-
-    return PeerPlanner(name="megatron_dp_balanced", plan_step=plan_step)
+    """Megatron-LM main's ``DpBalancedScheduler`` from the checkout (:func:`dp_balanced_step_plan`)."""
+    return PeerPlanner(name="megatron_dp_balanced", plan_step=dp_balanced_step_plan(source))
 
 
 def hybrid_cp_planner() -> PeerPlanner:
-    """Hybrid CP's ``BalancedCPScheduler.get_groups_and_subsamples`` from the installed megatron-core, as
-    ``HybridCPDataLoaderWrapper`` calls it; ``hybrid_context_parallel_forward_backward`` runs each sub-sample of a
-    group as a micro-batch of its own, group after group (the barrier between groups is not simulated)."""
-    from megatron.core.pipeline_parallel.hybrid_cp_schedule import BalancedCPScheduler
-
-    def plan_step(lengths: list[int], config: ScheduleConfig) -> list[RankPlan]:
-        dp, cp = config.dp_size, config.cp_size
-        scheduler = BalancedCPScheduler(config.max_tokens_per_gpu, SimpleNamespace(size=lambda: dp * cp))
-        order = megatron_order(len(lengths), dp)
-        _, groups = scheduler.get_groups_and_subsamples([(k, lengths[i]) for k, i in enumerate(order)], config)
-        ranks = [[[order[k]] for group in groups for k in group[rank]] for rank in range(dp * cp)]
-        if cp > 1 or sum(map(len, ranks)) != len(lengths):  # a sample on several ranks
-            raise ValueError("BalancedCPScheduler runs a sample on several ranks with CP > 1: not timed here")
-        return ranks
-
-    return PeerPlanner(name="megatron_hybrid_cp", plan_step=plan_step, pipeline_refusal=HYBRID_CP_PIPELINE_REFUSAL)
+    """Hybrid CP's ``BalancedCPScheduler`` from the installed megatron-core (:func:`hybrid_cp_step_plan`; the
+    barrier between groups is not simulated)."""
+    return PeerPlanner(name="megatron_hybrid_cp", plan_step=hybrid_cp_step_plan(),
+                       pipeline_refusal=HYBRID_CP_PIPELINE_REFUSAL)
 
 
 REWRITES = {"slime_strided": "slime_strided", "slime_kk": "slime_kk", "verl": "verl", "nemo_rl": "nemo_rl",

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from megatron_dpsched.baselines import build_baseline_schedule
+from megatron_dpsched.baselines.megatron_schedulers import SchedulerRefused, StepPlan, build_scheduler_schedule
 from megatron_dpsched.baselines.simple import fixed_micro_batch_size
 from megatron_dpsched.core import (
     CostModel,
@@ -43,7 +44,8 @@ from megatron_dpsched.options import NOMINAL_FLOPS_PER_GPU
 
 OURS = "dpsched"
 BASELINE_NAMES = ("megatron_fixed", "per_rank_first_fit")
-LABELS = {OURS: "dp-schedule", "megatron_fixed": "Megatron fixed", "per_rank_first_fit": "per-rank packing"}
+LABELS = {OURS: "dp-schedule", "megatron_fixed": "Megatron fixed", "per_rank_first_fit": "per-rank packing",
+          "megatron_dp_balanced": "DpBalancedScheduler", "megatron_hybrid_cp": "hybrid CP BalancedCPScheduler"}
 
 Tick = Callable[[int], None]
 
@@ -143,7 +145,8 @@ class PlanWarning:
     """Something a person should know before training this plan."""
 
     kind: str
-    """``ragged_step`` (Megatron refuses the step), ``over_cap`` (samples longer than the cap) or ``dropped``."""
+    """``ragged_step`` (Megatron refuses the step), ``over_cap`` (samples longer than the cap), ``dropped``, or
+    ``refused`` (one of Megatron's own schedulers refuses a step: it is not compared)."""
     message: str
     step: int | None = None
     ids: tuple[int, ...] = ()
@@ -240,6 +243,23 @@ def plan_baselines(ours: DPSchedule, *, tick: Tick | None = None) -> dict[str, D
             if tick is not None:
                 tick(1)
     return plans
+
+
+def plan_megatron_schedulers(
+    ours: DPSchedule, plans: Mapping[str, StepPlan]
+) -> tuple[dict[str, DPSchedule], tuple[PlanWarning, ...]]:
+    """Megatron's own schedulers' plans of the same samples (``plans``: name -> its code's step plan), and a
+    ``refused`` warning for each one Megatron's code or arguments refuse at some step (the job would stop there:
+    it is left out of the comparison)."""
+    schedules, refusals = {}, []
+    for name, plan in plans.items():
+        try:
+            schedules[name] = build_scheduler_schedule(plan, ours.lengths, config=ours.config, costs=ours.costs)
+        except SchedulerRefused as refusal:
+            refusals.append(PlanWarning(
+                kind="refused", message=f"{LABELS[name]} (Megatron's own code) refuses {refusal}; the job stops "
+                                        "there, so it is left out of the comparison"))
+    return schedules, tuple(refusals)
 
 
 def plan_strategies(

@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 
-COLORS = {OURS: "tab:blue", "megatron_fixed": "tab:red", "per_rank_first_fit": "tab:green"}
+COLORS = {OURS: "tab:blue", "megatron_fixed": "tab:red", "per_rank_first_fit": "tab:green",
+          "megatron_dp_balanced": "tab:purple", "megatron_hybrid_cp": "tab:orange"}
 RANK_BARS = 32
 """Up to this many DP ranks a per-rank panel draws one bar per rank; above, the ranks sorted by load."""
 LABELLED_OPS = 24

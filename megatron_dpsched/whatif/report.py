@@ -49,7 +49,8 @@ def _cells(row: StrategyStep | StrategyTotal, scale: float, *, capped: bool) -> 
             f"{row.seconds * scale:9.2f}")
 
 
-SPEEDUP_HEADERS = {"megatron_fixed": "vs fixed", "per_rank_first_fit": "vs per-rank"}
+SPEEDUP_HEADERS = {"megatron_fixed": "vs fixed", "per_rank_first_fit": "vs per-rank",
+                   "megatron_dp_balanced": "vs DpBal.", "megatron_hybrid_cp": "vs hyb. CP"}
 
 
 def table_lines(report: WhatIf, *, header: list[str]) -> Iterator[str]:
