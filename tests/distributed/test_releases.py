@@ -7,8 +7,8 @@ Per release, with the same torch and the release first on ``PYTHONPATH``: the sc
 ``pp2_vpp2`` (the monkey-patch in Megatron's real ``train()``) train like the one-process whole-batch
 ``reference`` (losses, gradients, weights, every sample once), and the entry point's ``--cpu-dry-run``
 (2 ranks, DP 2) saves at step 2 and resumes with the same steps as the uninterrupted run; the version check
-picks the release's registry rows and names what it lacks. On the checkout also the source patch: its patched
-``training.py`` trains DP 2 like the reference.
+picks the release's registry rows and names what it lacks. And the source patch the applier picks for the
+release: its patched ``training.py`` trains DP 2 exactly like the monkey-patch and like the reference.
 """
 
 from __future__ import annotations
