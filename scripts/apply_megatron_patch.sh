@@ -9,14 +9,18 @@
 #                  .venv/bin/python, else python3, imports megatron.training from)
 #   --check        dry run: report whether the patch would apply (or revert), change nothing
 #   --reverse      revert a previously applied patch
-#   --patch FILE   the patch file (default: patches/megatron_training_dpsched.patch next to this script)
+#   --patch FILE   the patch file (default: the one for the target's release, next to this script:
+#                  patches/megatron_training_dpsched_0.17.patch or _0.18.patch for megatron-core 0.17 / 0.18,
+#                  patches/megatron_training_dpsched.patch for 0.19 and main; the release is read from the
+#                  target's megatron/core/package_info.py, else the one patch of the three that fits)
 #
 # Refuses to apply twice, and to revert a patch that is not applied. Exit status: 0 on
 # success, 1 when the patch does not fit the target, 2 on bad usage.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-PATCH="$HERE/../patches/megatron_training_dpsched.patch"
+PATCHES="$HERE/../patches"
+PATCH=""
 FILE="megatron/training/training.py"
 TARGET=""
 CHECK=0
@@ -25,7 +29,7 @@ REVERSE=0
 die() { echo "apply_megatron_patch: error: $1" >&2; exit "${2:-1}"; }
 say() { echo "apply_megatron_patch: $1"; }
 
-usage() { sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 parse_args() {
   while [[ $# -gt 0 ]]; do
@@ -71,14 +75,40 @@ git_apply() {
   (cd "$root" && GIT_CEILING_DIRECTORIES="$(dirname "$root")" git apply "$@" "$PATCH")
 }
 
+# MAJOR.MINOR of the megatron-core under ROOT (megatron/core/package_info.py), empty if it has none.
+release_of() {
+  local info="$1/megatron/core/package_info.py"
+  [[ -f "$info" ]] || return 0
+  sed -n 's/^MAJOR = \([0-9]*\).*/\1/p; s/^MINOR = \([0-9]*\).*/\1/p' "$info" | paste -sd. -
+}
+
+# The patch for ROOT's release: megatron-core 0.17 and 0.18 have their own; without package_info.py (a copy of
+# megatron/training alone), the one of the three that applies or reverts.
+choose_patch() {
+  local root="$1" main="$PATCHES/megatron_training_dpsched.patch" candidate
+  case "$(release_of "$root")" in
+    0.17|0.18) echo "$PATCHES/megatron_training_dpsched_$(release_of "$root").patch"; return ;;
+    "") ;;
+    *) echo "$main"; return ;;
+  esac
+  for candidate in "$main" "$PATCHES/megatron_training_dpsched_0.18.patch" "$PATCHES/megatron_training_dpsched_0.17.patch"; do
+    PATCH="$candidate"
+    if git_apply "$root" --check 2>/dev/null || git_apply "$root" --check --reverse 2>/dev/null; then
+      echo "$candidate"; return
+    fi
+  done
+  echo "$main"
+}
+
 main() {
   parse_args "$@"
   command -v git >/dev/null || die "git is required (git apply)" 2
-  [[ -f "$PATCH" ]] || die "patch file '$PATCH' not found" 2
-  PATCH="$(cd "$(dirname "$PATCH")" && pwd)/$(basename "$PATCH")"
   local root
   if [ -z "${TARGET:-}" ]; then TARGET="$(default_target)" || exit 2; fi
   root="$(resolve_root "$TARGET")"
+  if [ -z "$PATCH" ]; then PATCH="$(choose_patch "$root")"; fi
+  [[ -f "$PATCH" ]] || die "patch file '$PATCH' not found" 2
+  PATCH="$(cd "$(dirname "$PATCH")" && pwd)/$(basename "$PATCH")"
   local forward=() undo=(--reverse) state="already applied" action="apply" done="applied"
   if [[ $REVERSE -eq 1 ]]; then forward=(--reverse); undo=(); state="not applied"; action="revert"; done="reverted"; fi
   if git_apply "$root" --check "${undo[@]}" 2>/dev/null; then
@@ -86,7 +116,7 @@ main() {
   fi
   local why
   if ! why="$(git_apply "$root" --check "${forward[@]}" 2>&1)"; then
-    die "the patch does not $action cleanly to $root/$FILE (it fits Megatron-LM core_r0.19.x / megatron-core 0.19.2 and main at 0.20.0, d98e8a6; on megatron-core 0.17.1 and 0.18.2 leave training.py as it is: setup_dp_schedule installs the same hooks at run time, the monkey-patch):
+    die "the patch $(basename "$PATCH") does not $action cleanly to $root/$FILE (megatron_training_dpsched.patch fits Megatron-LM core_r0.19.x / megatron-core 0.19.2 and main at 0.20.0, d98e8a6; megatron_training_dpsched_0.18.patch megatron-core 0.18.2 and megatron_training_dpsched_0.17.patch 0.17.1, picked from the target's megatron/core/package_info.py; elsewhere leave training.py as it is: setup_dp_schedule installs the same hooks at run time, the monkey-patch):
 $why"
   fi
   if [[ $CHECK -eq 1 ]]; then

@@ -5,8 +5,8 @@ Both integrations call exactly these functions, so they behave the same:
 * the monkey-patch (:func:`megatron_dpsched.megatron.patch.enable`) installs them
   in place of names in ``megatron.training.training`` (one row per name in the registry
   of :mod:`~megatron_dpsched.megatron.patch`);
-* the source patch (``patches/megatron_training_dpsched.patch``, applied with
-  ``scripts/apply_megatron_patch.sh``) calls them explicitly from
+* the source patch (``patches/megatron_training_dpsched.patch``; megatron-core 0.17 and 0.18: its
+  ``_0.17`` / ``_0.18`` file; applied with ``scripts/apply_megatron_patch.sh``) calls them explicitly from
   ``megatron/training/training.py``; each call line is marked ``# megatron-dpsched``.
 
 The hooks:

@@ -17,8 +17,9 @@ after one version check, :func:`check_megatron`, which names every name the Mega
 no longer uses in one ``RuntimeError``, and says once which name the plugin calls outside the registry the
 release lacks and what works without it (``releases.LACKING``). The originals are kept in one store keyed
 by (loop, name); :func:`disable` puts every one back and forgets the hooks' state. The source patch
-(``patches/megatron_training_dpsched.patch``) calls the same hook functions from ``training.py``, every
-row's; with it, :func:`enable` installs nothing.
+(``patches/megatron_training_dpsched.patch``; megatron-core 0.17 and 0.18: ``..._0.17.patch`` /
+``..._0.18.patch``) calls the same hook functions from ``training.py``, every row's of its release; with it,
+:func:`enable` installs nothing.
 """
 
 from __future__ import annotations

@@ -26,8 +26,9 @@ parses ``sys.argv`` unless given ``parsed_args``)
 (real-token TFLOP/s)                                                (0.17.1: skipped, said once: :data:`LACKING`)
 MoE loss logging ``get_moe_metrics_tracker().report``      0.18     the registry's ``track_moe_metrics`` row
 (0.17: ``track_moe_metrics(loss_scale=...)``)                       (``before=(0, 18)``)
-source patch ``patches/megatron_training_dpsched.patch``   0.19     none: it applies to 0.19.2 and main only;
-                                                                    0.17.1 and 0.18.2 take the monkey-patch
+source patch ``patches/megatron_training_dpsched.patch``   0.19     ``megatron_training_dpsched_0.18.patch``
+(the lines the hooks replace)                                       and ``_0.17.patch``, picked by
+                                                                    ``scripts/apply_megatron_patch.sh``
 =========================================================  =======  ==========================================
 """
 

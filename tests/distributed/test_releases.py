@@ -7,8 +7,8 @@ Per release, with the same torch and the release first on ``PYTHONPATH``: the sc
 ``pp2_vpp2`` (the monkey-patch in Megatron's real ``train()``) train like the one-process whole-batch
 ``reference`` (losses, gradients, weights, every sample once), and the entry point's ``--cpu-dry-run``
 (2 ranks, DP 2) saves at step 2 and resumes with the same steps as the uninterrupted run; the version check
-picks the release's registry rows and names what it lacks. On the checkout also the source patch: its patched
-``training.py`` trains DP 2 like the reference.
+picks the release's registry rows and names what it lacks. And the source patch the applier picks for the
+release: its patched ``training.py`` trains DP 2 exactly like the monkey-patch and like the reference.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from entry import assert_resumed_like_uninterrupted, corpus_rows, errors, tiny_gpt_argv, torchrun
 from registry import REPO, LaunchResults, case
-from train_checks import RTOL, assert_trained_like_reference
+from train_checks import RTOL, assert_same_training, assert_trained_like_reference
 
 from megatron_dpsched.data import write_token_jsonl
 from megatron_dpsched.megatron.step_recorder import load_step_records
@@ -155,27 +155,46 @@ def test_version_check_picks_the_releases_rows_and_names_what_it_lacks(release: 
         assert "use megatron-core 0.18.2 or newer for pretrain()" in found["pretrain_refused"]
 
 
-@pytest.mark.parametrize("release", [p for p in RELEASES if p.values == ("main",)])
-def test_source_patched_checkout_trains_like_the_whole_batch_reference(release_launches, tmp_path_factory,
-                                                                       release: str) -> None:
-    """The source patch applies to Megatron-LM main; its patched ``training.py`` (a copy of the checkout's
-    ``megatron/training``, first on ``PYTHONPATH``) trains DP 2 like the reference, ``enable()`` never called."""
+SOURCE_PATCHES = {"0.17.1": "megatron_training_dpsched_0.17.patch", "0.18.2": "megatron_training_dpsched_0.18.patch",
+                  "main": "megatron_training_dpsched.patch"}
+"""The source patch the applier picks for each release (0.19.2's: ``test_source_patch.py``)."""
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_source_patched_release_trains_like_the_monkey_patch(release_launches, tmp_path_factory,
+                                                             release: str) -> None:
+    """The release's source patch applies (``--check``, then for real) to a copy of its ``megatron/training``;
+    the patched ``training.py``, first on ``PYTHONPATH``, trains DP 2 exactly like the monkey-patch on the same
+    release and like the reference, ``enable()`` never called (``DPSCHED_HOOK_MODE=source``)."""
     import shutil
     import subprocess
 
     from harness import HOOK_MODE_ENV, PATCHED_MEGATRON_ENV
 
-    checkout = _release_folder(release)
-    patched = tmp_path_factory.mktemp("patched_checkout")
-    shutil.copytree(checkout / "megatron" / "training", patched / "megatron" / "training",
+    folder = _release_folder(release)
+    patched = tmp_path_factory.mktemp(f"patched_{release}")
+    shutil.copytree(folder / "megatron" / "training", patched / "megatron" / "training",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "apply_megatron_patch.sh"), "--target", str(patched)],
-                          capture_output=True, text=True, timeout=60)
+    target = patched / "megatron" / "training" / "training.py"
+    script = ["bash", str(REPO / "scripts" / "apply_megatron_patch.sh"), "--target", str(patched)]
+    check = subprocess.run([*script, "--check"], capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0 and "# megatron-dpsched" not in target.read_text(), check.stderr
+    pristine = target.read_text()
+    proc = subprocess.run(script, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
+    patch_file = REPO / "patches" / SOURCE_PATCHES[release]
+    assert subprocess.run(["git", "apply", "--check", "--reverse", str(patch_file)], cwd=patched,
+                          env={**os.environ, "GIT_CEILING_DIRECTORIES": str(patched.parent)}).returncode == 0, \
+        f"the applier picked another patch than {patch_file.name}"
+    assert target.read_text().count("# megatron-dpsched") == sum(
+        line.startswith("+") and not line.startswith("+++") for line in patch_file.read_text().splitlines())
+    assert pristine != target.read_text()
     env = {HOOK_MODE_ENV: "source", PATCHED_MEGATRON_ENV: str(patched),
-           "PYTHONPATH": os.pathsep.join([str(patched), _python_path(checkout)])}
-    launches = LaunchResults(tmp_path_factory.mktemp("source_main"), env=env, only=("dp2",))
-    results = launches.get("dp2")
-    assert all(r["hook_mode"] == "source" and Path(r["training_file"]).is_relative_to(patched) for r in results)
-    (reference,) = release_launches(release).get("reference")
-    assert_trained_like_reference(results, reference, rtol=RTOL)
+           "PYTHONPATH": os.pathsep.join([str(patched), _python_path(folder)])}
+    source = LaunchResults(tmp_path_factory.mktemp(f"source_{release}"), env=env, only=("dp2",)).get("dp2")
+    assert all(r["hook_mode"] == "source" and Path(r["training_file"]).is_relative_to(patched) for r in source)
+    monkey, (reference,) = release_launches(release).get("dp2"), release_launches(release).get("reference")
+    assert [r["hook_mode"] for r in monkey] == ["monkey"] * len(monkey)
+    for src, ref in zip(source, monkey, strict=True):
+        assert_same_training(src, ref)
+    assert_trained_like_reference(source, reference, rtol=RTOL)

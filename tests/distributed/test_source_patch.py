@@ -26,12 +26,11 @@ import types
 from pathlib import Path
 
 import pytest
-import torch
 from entry import corpus_rows, errors, tiny_gpt_argv, torchrun
 from harness import GLOBAL_BATCH, HOOK_MODE_ENV, PATCHED_MEGATRON_ENV, TRAIN_ITERS
 from registry import REPO, LaunchResults
 from scenarios import PARTIAL_STEP_SAMPLES
-from train_checks import assert_close, merged
+from train_checks import assert_close, assert_same_training, merged
 
 from megatron_dpsched.data import write_token_jsonl
 from megatron_dpsched.megatron import hooks
@@ -43,6 +42,8 @@ from megatron_dpsched.runtime.job_identity import FIELDS
 pytestmark = pytest.mark.distributed
 
 PATCH = REPO / "patches" / "megatron_training_dpsched.patch"
+PATCHES = [PATCH, *sorted((REPO / "patches").glob("megatron_training_dpsched_*.patch"))]
+"""The patch of 0.19 and main, and the older releases' own (``test_releases.py`` applies them)."""
 SCRIPT = REPO / "scripts" / "apply_megatron_patch.sh"
 MARK = "# megatron-dpsched"
 SOURCE_SCENARIOS = ("dp2", "dp2_precomputed", "pp2_vpp2", "dp2_partial_step")
@@ -97,20 +98,22 @@ def test_git_apply_check_succeeds_on_the_pristine_installed_file(tmp_path: Path)
     assert proc.returncode == 0, proc.stderr
 
 
-def test_every_changed_line_is_a_marked_hook_call() -> None:
-    lines = PATCH.read_text().splitlines()
+@pytest.mark.parametrize("patch_file", PATCHES, ids=lambda path: path.name)
+def test_every_changed_line_is_a_marked_hook_call(patch_file: Path) -> None:
+    lines = patch_file.read_text().splitlines()
     added = [line[1:] for line in lines if line.startswith("+") and not line.startswith("+++")]
     removed = [line[1:] for line in lines if line.startswith("-") and not line.startswith("---")]
     assert added and all(line.rstrip().endswith(MARK) and "dpsched_hooks" in line for line in added)
     assert all("get_num_microbatches()" in line for line in removed)
-    called = set(re.findall(r"dpsched_hooks\.(\w+)\(", PATCH.read_text()))
+    called = set(re.findall(r"dpsched_hooks\.(\w+)\(", patch_file.read_text()))
     assert called == {name for row in LOOPS[MEGATRON_LM] for name in row.calls}, "the patch must carry every row"
     assert all(callable(getattr(hooks, name)) for name in called)
 
 
-def test_the_source_wraps_each_name_the_registry_wraps_with_the_same_hook() -> None:
+@pytest.mark.parametrize("patch_file", PATCHES, ids=lambda path: path.name)
+def test_the_source_wraps_each_name_the_registry_wraps_with_the_same_hook(patch_file: Path) -> None:
     """A row whose replacement is a hook itself (the job checks, the step recorder) is rebound in the source."""
-    rebound = dict(re.findall(r"^\+(\w+) = dpsched_hooks\.(\w+)\(\1\)  " + MARK, PATCH.read_text(), re.M))
+    rebound = dict(re.findall(r"^\+(\w+) = dpsched_hooks\.(\w+)\(\1\)  " + MARK, patch_file.read_text(), re.M))
     wrapped = {row.name: row.make.__name__ for row in LOOPS[MEGATRON_LM] if getattr(hooks, row.make.__name__, None)
                is row.make}
     assert rebound == wrapped == {"save_checkpoint": "with_state_file", "setup_model_and_optimizer": "with_job_checks",
@@ -205,13 +208,7 @@ def test_source_patch_trains_exactly_like_the_monkey_patch(source_launches, laun
     source, monkey = source_launches.get(scenario), launches.get(scenario)
     assert [r["hook_mode"] for r in monkey] == ["monkey"] * len(monkey)
     for src, ref in zip(source, monkey, strict=True):
-        for key in ("records", "plan_micro_batches", "plan_num_samples", "consumed_train_samples",
-                    "scheduler_num_steps", "iteration", "eval_loss"):
-            assert src[key] == ref[key], key
-        for step in range(TRAIN_ITERS):
-            assert src["grads"][step].keys() == ref["grads"][step].keys()
-            assert all(torch.equal(src["grads"][step][n], g) for n, g in ref["grads"][step].items()), step
-        assert all(torch.equal(src["weights"][n], w) for n, w in ref["weights"].items())
+        assert_same_training(src, ref)
 
 
 @pytest.mark.parametrize("scenario", REFERENCE_SCENARIOS)

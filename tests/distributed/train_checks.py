@@ -106,3 +106,18 @@ def assert_trained_like_reference(results: list[dict], reference: dict, *, num_c
     assert losses, "no last-stage rank reported an evaluation loss"
     for loss in losses:
         assert loss == pytest.approx(reference["eval_loss"], rel=rtol)
+
+
+SAME_FIGURES = ("records", "plan_micro_batches", "plan_num_samples", "consumed_train_samples", "scheduler_num_steps",
+                "iteration", "eval_loss")
+"""What two ways into the same run (the source patch, the monkey-patch) must give identically, besides tensors."""
+
+
+def assert_same_training(result: dict, expected: dict) -> None:
+    """One rank's run equals ``expected`` bit for bit: its figures, every step's gradients, the final weights."""
+    for key in SAME_FIGURES:
+        assert result[key] == expected[key], key
+    for step in range(TRAIN_ITERS):
+        assert result["grads"][step].keys() == expected["grads"][step].keys()
+        assert all(torch.equal(result["grads"][step][n], g) for n, g in expected["grads"][step].items()), step
+    assert all(torch.equal(result["weights"][n], w) for n, w in expected["weights"].items())
