@@ -306,7 +306,7 @@ def require_current_source_patch(module: Any, *, loop: str = MEGATRON_LM) -> Non
         raise RuntimeError(
             f"dp-schedule: {getattr(module, '__file__', loop)} carries an older megatron-dpsched source patch: "
             f"{', '.join(stale)} {verb} not wrapped by the plugin's hooks (job checks, step recorder). Revert it "
-            "and apply patches/megatron_training_dpsched.patch again (scripts/apply_megatron_patch.sh)")
+            "and apply this release's source patch again (scripts/apply_megatron_patch.sh picks it, patches/README.md)")
 
 
 def _is_hook(replacement: Any) -> bool:
