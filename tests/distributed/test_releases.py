@@ -6,7 +6,8 @@ runs every other test.
 Per release, with the same torch and the release first on ``PYTHONPATH``: the scenarios ``dp2`` and
 ``pp2_vpp2`` (the monkey-patch in Megatron's real ``train()``) train like the one-process whole-batch
 ``reference`` (losses, gradients, weights, every sample once), and the entry point's ``--cpu-dry-run``
-(2 ranks, DP 2) saves at step 2 and resumes with the same steps as the uninterrupted run; the version check
+(2 ranks, DP 2) saves at step 2 and resumes with the same steps as the uninterrupted run; the examples run (every
+launch recipe's flags checked, the RL controller trains two rollouts and saves its state); the version check
 picks the release's registry rows and names what it lacks. And the source patch the applier picks for the
 release: its patched ``training.py`` trains DP 2 exactly like the monkey-patch and like the reference.
 """
@@ -14,6 +15,8 @@ release: its patched ``training.py`` trains DP 2 exactly like the monkey-patch a
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -198,3 +201,22 @@ def test_source_patched_release_trains_like_the_monkey_patch(release_launches, t
     for src, ref in zip(source, monkey, strict=True):
         assert_same_training(src, ref)
     assert_trained_like_reference(source, reference, rtol=RTOL)
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_examples_run_on_the_release(tmp_path: Path, release: str) -> None:
+    """The examples on the release: every launch recipe's flags pass Megatron's parsing and validation and the
+    entry point's ``--dp-schedule`` checks (``examples/check_recipes.py``), and the RL controller plans two
+    rollouts and trains them on 2 gloo ranks, saving its state."""
+    env = {**os.environ, "PYTHONPATH": _python_path(_release_folder(release))}
+    recipes = subprocess.run([sys.executable, str(REPO / "examples" / "check_recipes.py")], cwd=REPO, env=env,
+                             capture_output=True, text=True, timeout=600)
+    lines = [line for line in recipes.stdout.splitlines() if line.strip()]
+    assert recipes.returncode == 0 and lines and all(line.startswith("OK ") for line in lines), \
+        (recipes.stdout + recipes.stderr)[-3000:]
+    out = tmp_path / "rl"
+    controller = subprocess.run([sys.executable, str(REPO / "examples" / "rl_controller.py"), "--out", str(out),
+                                 "--rollouts", "2", "--save-state-after", "1"], cwd=REPO, env=env,
+                                capture_output=True, text=True, timeout=600)
+    assert controller.returncode == 0, (controller.stdout + controller.stderr)[-4000:]
+    assert (out / "state_after_1").is_dir()
