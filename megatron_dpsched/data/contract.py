@@ -102,16 +102,20 @@ def as_array(value: object, *, field: str, place: Place) -> np.ndarray:
     if getattr(value, "is_meta", False):
         raise _fail(place, field, f"is a meta tensor (shape {tuple(value.shape)}, no data); hand the sample's ids "
                                   f"in a CPU tensor or numpy array")
+    layout = str(getattr(value, "layout", "torch.strided"))
+    if layout != "torch.strided":
+        raise _fail(place, field, f"is a {layout} tensor; hand a dense CPU tensor or numpy array (.to_dense())")
+    tensor = detach().cpu()
     try:
-        tensor = detach().cpu()
-        try:
-            return tensor.numpy()
-        except TypeError:  # bfloat16 and other dtypes numpy lacks: floats
-            return tensor.float().numpy()
-    except (RuntimeError, NotImplementedError) as error:  # a sparse, quantized or other layout without a buffer
-        raise _fail(place, field, f"cannot be read as an array ({type(value).__name__} "
-                                  f"{getattr(value, 'layout', '')}: {' '.join(str(error).split())[:120]}); hand a "
-                                  f"dense CPU tensor or numpy array") from None
+        return tensor.numpy()
+    except TypeError:  # bfloat16 and other dtypes numpy lacks: floats
+        pass
+    try:
+        return tensor.float().numpy()
+    except (TypeError, RuntimeError, NotImplementedError) as error:  # a quantized or other tensor without floats
+        raise _fail(place, field, f"cannot be read as an array (dtype {getattr(value, 'dtype', '?')}: "
+                                  f"{' '.join(str(error).split())[:120]}); hand a CPU tensor or numpy array of "
+                                  f"integer ids") from None
 
 
 def _one_dimensional(array: np.ndarray, *, field: str, place: Place, kinds: str, what: str) -> None:
