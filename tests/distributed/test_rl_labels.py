@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from test_cpu_attention import megatron_world  # noqa: F401 - the one-rank Megatron world fixture
 
 from megatron_dpsched import ScheduleConfig, build_dp_schedule
 from megatron_dpsched.megatron import ScheduledDataIterator, ScheduledDatasetLoader
@@ -70,28 +70,9 @@ def plan(dp_size: int = 1) -> Any:
 
 
 @pytest.fixture(scope="module")
-def megatron_world():
-    """A one-rank gloo group with Megatron's model-parallel state, torn down afterwards."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-
-    from megatron_dpsched.testing import cpu_shim
-
-    init = os.path.join(tempfile.mkdtemp(), "init")
-    dist.init_process_group("gloo", init_method=f"file://{init}", rank=0, world_size=1)
-    cpu_shim.install()
-    with cpu_shim.pretend_one_device():
-        parallel_state.initialize_model_parallel()
-    cpu_shim.reset_rng_tracker(1234)
-    yield
-    parallel_state.destroy_model_parallel()
-    cpu_shim.uninstall()
-    dist.destroy_process_group()
-
-
-@pytest.fixture(scope="module")
-def gpt(megatron_world) -> Any:
-    """A tiny Megatron GPT (local layer spec, no dropout)."""
+def gpt(request: pytest.FixtureRequest) -> Any:
+    """A tiny Megatron GPT (local layer spec, no dropout), in the one-rank Megatron world."""
+    request.getfixturevalue("megatron_world")
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -142,7 +123,8 @@ def test_unshifted_labels_train_as_the_same_samples_shifted_by_hand(gpt) -> None
     assert copied[0] != reference[0]
 
 
-def test_a_plan_for_another_data_parallel_size_is_refused_when_the_feed_is_built(megatron_world) -> None:
+@pytest.mark.usefixtures("megatron_world")
+def test_a_plan_for_another_data_parallel_size_is_refused_when_the_feed_is_built() -> None:
     with pytest.raises(ValueError) as raised:
         ScheduledDataIterator(plan(dp_size=2), rank=0, samples=[tensors(hugging_face_sample(0))] * 8,
                               vocab_size=VOCAB)
