@@ -735,7 +735,7 @@ def _content_bytes(value: Any) -> bytes:
     """The bytes a digest covers: a tensor's or numpy array's (any dtype, bfloat16 too; a meta or sparse tensor's
     dtype and shape), else the value's ``repr``. Never raises on a malformed sample: the sample contract refuses
     it, naming it, when its micro-batch is collated."""
-    if isinstance(value, np.ndarray):
+    if isinstance(value, np.ndarray) and not value.dtype.hasobject:  # an object array's bytes are its pointers
         return np.ascontiguousarray(value).tobytes()  # as a tensor of its dtype digests
     if not isinstance(value, torch.Tensor):
         return repr(value).encode()

@@ -86,6 +86,11 @@ def test_numpy_content_is_digested_by_its_bytes() -> None:
     assert sample_digest({"tokens": tokens, "labels": other}) == \
         sample_digest({"tokens": torch.from_numpy(tokens), "labels": torch.from_numpy(other)})
 
+    def boxed() -> dict[str, np.ndarray]:  # Python ints in an object array (refused when collated), made anew
+        return {"tokens": np.array([int(str(10**12 + i)) for i in range(3)], dtype=object), "labels": tokens}
+
+    assert sample_digest(boxed()) == sample_digest(boxed())  # their values, not the pointers to them
+
 
 def _meta(sample: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {**sample, "tokens": torch.empty(sample["tokens"].shape, dtype=torch.long, device="meta")}
