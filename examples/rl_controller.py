@@ -58,8 +58,6 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 VOCAB = 64
 SEQ_LENGTH = 64
-REFUSED_EXIT_CODE = 2
-"""Exit code of a job a trainer rank refused (``megatron_dpsched.megatron.failures.EXIT_CODE``)."""
 DIFFERS_EXIT_CODE = 1
 """Exit code of a resumed job that did not match the job that saved its state."""
 PEER_FAILURE_WAIT_S = 10.0
@@ -478,6 +476,9 @@ def resume_line(options: Options, *, before: dict[str, Any] | None, rollouts: ra
     """Whether this resumed job matched the job that saved its state (``before``: that job's plans and records)
     on the rollouts both trained; the line to print and whether it matched (or could not be compared)."""
     source = f"the job that saved {options.resume} (its --out {options.resume.parent})"
+    if not rollouts:
+        return f"resume: not compared: this job trained no rollout (the state is after rollout {rollouts.start - 1})", \
+            True
     after = read_job(options.out, dp=options.dp)
     common = [r for r in rollouts if before is not None and r in before["plans"]
               and all(any(rec["rollout"] == r for rec in rank) for rank in before["records"])]
@@ -525,7 +526,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     finally:
         trainers.close(failed=failed)
     if failed:
-        sys.exit(REFUSED_EXIT_CODE)
+        from megatron_dpsched.megatron.failures import EXIT_CODE
+
+        sys.exit(EXIT_CODE)  # a refused run, as the plugin's one-line errors end
     print(f"trained rollouts {first}..{state.next_rollout - 1} on {options.dp} ranks", flush=True)
     print(saved_line(options, saved), flush=True)
     if options.resume is not None:
