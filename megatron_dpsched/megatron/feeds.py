@@ -599,7 +599,7 @@ class ScheduledDatasetLoader(StepFeed):
     and groups); step after step takes the next ``global_batch_size`` samples (groups) from
     ``consumed_samples`` on, so a resume from any position continues with the same plans.
     ``trained_tokens`` (optional, one per sample: its loss tokens, e.g. the dataset's ``trained_tokens``) gives
-    each step's :attr:`StepBatches.loss_tokens`.
+    each step's :attr:`StepBatches.loss_tokens` (with ``label_convention="unshifted"``: counted after the shift).
     """
 
     length_source = "the dataset's lengths"

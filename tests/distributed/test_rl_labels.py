@@ -5,7 +5,8 @@ A shipped sample's labels are shifted (``labels[i]`` is the token after ``tokens
 ``label_convention="unshifted"`` train a Megatron GPT exactly as the same samples shifted by hand (the reference
 shifts with list slicing, not the feed's code): the same loss and gradients, numpy samples too; handed as
 shifted they train something else, and global rank 0 prints one warning per job (a subprocess per job). In a
-one-rank Megatron world a plan made for two data-parallel ranks is refused when its feed is built.
+one-rank Megatron world a plan made for two data-parallel ranks is refused when its feed is built, or, for a
+feed built before Megatron's initialisation, when its first step begins.
 """
 
 from __future__ import annotations
@@ -104,6 +105,20 @@ def loss_and_gradients(model: Any, feed: ScheduledDataIterator) -> tuple[float, 
     loss = loss_sum / loss_tokens
     loss.backward()
     return float(loss), {name: param.grad.clone() for name, param in model.named_parameters()}
+
+
+def test_a_feed_built_before_megatron_is_initialised_is_checked_when_its_first_step_begins(
+        request: pytest.FixtureRequest) -> None:
+    """First in this module: the feed is built before the one-rank Megatron world exists."""
+    from megatron.core import parallel_state
+
+    assert not parallel_state.model_parallel_is_initialized()
+    samples = [tensors(hugging_face_sample(i)) for i in range(len(LENGTHS))]
+    early = ScheduledDataIterator(plan(dp_size=2), rank=1, samples=samples, vocab_size=VOCAB)  # nothing to compare
+    request.getfixturevalue("megatron_world")
+    with pytest.raises(ValueError, match=r"^dp-schedule: ScheduledDataIterator: the plan was made for dp_size=2, "
+                                         r"but this job runs 1 data-parallel ranks"):
+        early.begin_step()
 
 
 def test_unshifted_labels_train_as_the_same_samples_shifted_by_hand(gpt) -> None:
