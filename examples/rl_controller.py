@@ -28,15 +28,23 @@ Resume: ``--save-state-after K`` saves after rollout ``K - 1`` the controller's 
 waiting groups) and every rank's model, LR scheduler, iteration and consumed samples
 (``<out>/state_after_K``); ``--resume DIR`` starts a new job from there, which plans and trains the next
 rollouts exactly as the uninterrupted job did (same plans, same losses: SGD without momentum keeps no
-optimizer state). Takes about half a minute on two CPU cores.
+optimizer state). At the end the controller says where it saved (plans, records, the state) and, for a
+resumed job, whether it matched the job that saved the state: the same plans, and on every rank the same
+micro-batches, losses, learning rates, iterations and consumed samples for the rollouts both trained (read
+from that job's ``--out``, the state directory's parent; exit code 1 when they differ). A trainer rank
+that refuses its input (a bad sample, a plan for another data-parallel size, a ``rank=`` that is not the
+process's data-parallel rank) ends the job with that one line and exit code 2. Takes about half a minute on
+two CPU cores.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
+import queue
 import random
 import shutil
 import sys
@@ -50,6 +58,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 VOCAB = 64
 SEQ_LENGTH = 64
+DIFFERS_EXIT_CODE = 1
+"""Exit code of a resumed job that did not match the job that saved its state."""
+PEER_FAILURE_WAIT_S = 10.0
+"""Seconds the controller waits, after a rank's traceback, for a peer's one-line refusal (the root cause: a rank
+whose peer refused fails in its next collective)."""
+TRAINED = ("micro_batches", "loss", "lr", "iteration", "consumed_train_samples", "scheduler_num_steps")
+"""What a resumed job must train as the job that saved its state did (the fields of a step's record)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,8 +127,10 @@ def plan_rollout(samples: Sequence[dict[str, Any]], *, dp: int, cap: int, last: 
     return schedule, list(schedule.dropped)
 
 
-def run_controller(options: Options, state: ControllerState, trainers: Any) -> None:
-    """Make, plan, ship and train rollouts until ``options.rollouts``; save the state where asked."""
+def run_controller(options: Options, state: ControllerState, trainers: Any) -> Path | None:
+    """Make, plan, ship and train rollouts until ``options.rollouts``; save the state where asked (the directory
+    saved, or ``None``)."""
+    saved = None
     plans = options.out / "plans"
     plans.mkdir(parents=True, exist_ok=True)
     while state.next_rollout < options.rollouts:
@@ -134,7 +151,9 @@ def run_controller(options: Options, state: ControllerState, trainers: Any) -> N
               f"{sum(schedule.num_microbatches)} micro-batch(es) per rank, {len(waiting)} waiting; "
               f"loss {reports[0]['losses']}", flush=True)
         if save:
-            _save_controller(options.out / f"state_after_{state.next_rollout}", state)
+            saved = options.out / f"state_after_{state.next_rollout}"
+            _save_controller(saved, state)
+    return saved
 
 
 def _save_controller(directory: Path, state: ControllerState) -> None:
@@ -165,24 +184,41 @@ class Trainers:
             process.start()
 
     def train(self, path: Path, *, save_dir: Path | None) -> list[dict[str, Any]]:
-        for queue in self.inbox:
-            queue.put((str(path), None if save_dir is None else str(save_dir)))
+        for inbox in self.inbox:
+            inbox.put((str(path), None if save_dir is None else str(save_dir)))
         reports = sorted((self._receive() for _ in self.inbox), key=lambda r: r["rank"])
         return reports
 
     def _receive(self) -> dict[str, Any]:
         report = self.outbox.get(timeout=600)
-        if "error" in report:
-            self.close()
-            raise RuntimeError(f"trainer rank {report['rank']} failed:\n{report['error']}")
+        if "line" in report or "error" in report:
+            raise TrainerFailed(self._root_cause(report))
         return report
 
-    def close(self) -> None:
-        for queue in self.inbox:
-            queue.put(None)
+    def _root_cause(self, first: dict[str, Any]) -> str:
+        """The one-line refusal among the failures reported (a rank whose peer refused fails in its next
+        collective, with a traceback), else the first rank's traceback."""
+        reports = [first]
+        with contextlib.suppress(queue.Empty):
+            while not any("line" in report for report in reports):
+                reports.append(self.outbox.get(timeout=PEER_FAILURE_WAIT_S))
+        line = next((report["line"] for report in reports if "line" in report), None)
+        return line or f"trainer rank {first['rank']} failed:\n{first['error']}"
+
+    def close(self, *, failed: bool = False) -> None:
+        """Let every rank write its records and leave (``failed``: stop the ranks, which may wait in a
+        collective for a peer that has gone)."""
+        for inbox in self.inbox:
+            inbox.put(None)
         for process in self.processes:
+            if failed:
+                process.terminate()
             process.join(timeout=60)
         self.init_file.unlink(missing_ok=True)
+
+
+class TrainerFailed(Exception):
+    """A trainer rank failed; the message is its one-line refusal, or its traceback for anything else."""
 
 
 def megatron_argv(options: Options) -> list[str]:
@@ -205,20 +241,30 @@ def megatron_argv(options: Options) -> list[str]:
 
 def trainer_main(rank: int, options: Options, init_file: str, inbox: Any, outbox: Any) -> None:
     """One trainer rank: set up Megatron on CPU, then train every plan the controller sends."""
-    import traceback
-
     try:
         trainer = _Trainer(rank, options, init_file)
-    except BaseException:  # noqa: BLE001 - reported to the controller
-        outbox.put({"rank": rank, "error": traceback.format_exc()})
+    except BaseException as error:  # noqa: BLE001 - reported to the controller
+        outbox.put(_failure(rank, error))
         return
     while (message := inbox.get()) is not None:
         try:
             outbox.put(trainer.train_plan(Path(message[0]), save_dir=message[1]))
-        except BaseException:  # noqa: BLE001 - reported to the controller
-            outbox.put({"rank": rank, "error": traceback.format_exc()})
+        except BaseException as error:  # noqa: BLE001 - reported to the controller
+            outbox.put(_failure(rank, error))
             return
     trainer.finish()
+
+
+def _failure(rank: int, error: BaseException) -> dict[str, Any]:
+    """What a failed rank reports: the plugin's refusal (a ``ValueError`` it raised) as its one line, anything else
+    (or everything, with ``DPSCHED_DEBUG=1``) as its traceback."""
+    import traceback
+
+    from megatron_dpsched.megatron.failures import PACKAGE, debug_requested, failure_line, raised_by
+
+    if isinstance(error, ValueError) and not debug_requested() and raised_by(error, [PACKAGE]):
+        return {"rank": rank, "line": failure_line(error, rank=rank, step=None)}
+    return {"rank": rank, "error": "".join(traceback.format_exception(error))}
 
 
 class _Trainer:
@@ -401,22 +447,95 @@ def _check(parser: argparse.ArgumentParser, options: Options) -> None:
         parser.error(f"--resume {options.resume}: no controller.json there")
 
 
+# ---------------------------------------------------------------------------------------- what the job says
+
+
+def read_job(out: Path, *, dp: int) -> dict[str, Any] | None:
+    """The plans and per-rank records a job wrote to ``out`` (``None`` without records of every rank)."""
+    paths = [out / f"records.rank{rank}.json" for rank in range(dp)]
+    if not all(path.is_file() for path in paths):
+        return None
+    plans = {int(path.stem.removeprefix("rollout_")): json.loads(path.read_text())
+             for path in sorted((out / "plans").glob("rollout_*.json"))}
+    return {"records": [json.loads(path.read_text()) for path in paths], "plans": plans}
+
+
+def saved_line(options: Options, saved: Path | None) -> str:
+    """Where the job saved: plans, records and (if it saved one) the state to resume from."""
+    outputs = f"plans in {options.out / 'plans'}, per-rank records in {options.out}/records.rank*.json"
+    if saved is not None:
+        return f"saved: the state after {options.save_state_after} rollouts in {saved} (continue with --resume " \
+               f"{saved}); {outputs}"
+    if options.save_state_after is not None:
+        return f"saved: {outputs}; no state: this job trained no rollout after which --save-state-after " \
+               f"{options.save_state_after} saves"
+    return f"saved: {outputs}; no state (--save-state-after K saves one)"
+
+
+def resume_line(options: Options, *, before: dict[str, Any] | None, rollouts: range) -> tuple[str, bool]:
+    """Whether this resumed job matched the job that saved its state (``before``: that job's plans and records)
+    on the rollouts both trained; the line to print and whether it matched (or could not be compared)."""
+    source = f"the job that saved {options.resume} (its --out {options.resume.parent})"
+    if not rollouts:
+        return f"resume: not compared: this job trained no rollout (the state is after rollout {rollouts.start - 1})", \
+            True
+    after = read_job(options.out, dp=options.dp)
+    common = [r for r in rollouts if before is not None and r in before["plans"]
+              and all(any(rec["rollout"] == r for rec in rank) for rank in before["records"])]
+    if not common or after is None:
+        return f"resume: not compared: {source} has no records of rollouts {rollouts.start}..{rollouts[-1]}", True
+    for rollout in common:
+        difference = _difference(before, after, rollout=rollout)
+        if difference is not None:
+            return f"resume: DIFFERS from {source}: rollout {rollout}: {difference}", False
+    return (f"resume: matches {source}: rollouts {common[0]}..{common[-1]} planned the same, and trained with the "
+            f"same micro-batches, losses, learning rates, iterations and consumed samples on {options.dp} ranks"), True
+
+
+def _difference(before: dict[str, Any], after: dict[str, Any], *, rollout: int) -> str | None:
+    """How ``after`` trained ``rollout`` otherwise than ``before`` (``None``: the same)."""
+    if after["plans"].get(rollout, {}).get("schedule") != before["plans"][rollout]["schedule"]:
+        return "another plan"
+    for rank, (old, new) in enumerate(zip(before["records"], after["records"], strict=True)):
+        olds, news = ([rec for rec in records if rec["rollout"] == rollout] for records in (old, new))
+        for step, (was, now) in enumerate(zip(olds, news, strict=False)):
+            changed = [key for key in TRAINED if was[key] != now[key]]
+            if changed:
+                return f"rank {rank}, step {step}: {changed[0]} {now[changed[0]]!r}, was {was[changed[0]]!r}"
+        if len(olds) != len(news):
+            return f"rank {rank}: {len(news)} steps, was {len(olds)}"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     options = parse_options(argv)
     sys.path.insert(0, str(REPO))
     if options.out.exists() and options.resume is None:
         shutil.rmtree(options.out / "plans", ignore_errors=True)
     options.out.mkdir(parents=True, exist_ok=True)
-    state = ControllerState()
+    state, before = ControllerState(), None
     if options.resume is not None:
         state = ControllerState(**json.loads((options.resume / "controller.json").read_text()))
-    first = state.next_rollout
-    trainers = Trainers(options)
+        before = read_job(options.resume.parent, dp=options.dp)  # read before this job writes (maybe there)
+    first, failed, trainers = state.next_rollout, True, Trainers(options)
     try:
-        run_controller(options, state, trainers)
+        saved = run_controller(options, state, trainers)
+        failed = False
+    except TrainerFailed as failure:
+        print(failure, file=sys.stderr, flush=True)
     finally:
-        trainers.close()
-    print(f"trained rollouts {first}..{state.next_rollout - 1}; records in {options.out}/records.rank*.json")
+        trainers.close(failed=failed)
+    if failed:
+        from megatron_dpsched.megatron.failures import EXIT_CODE
+
+        sys.exit(EXIT_CODE)  # a refused run, as the plugin's one-line errors end
+    print(f"trained rollouts {first}..{state.next_rollout - 1} on {options.dp} ranks", flush=True)
+    print(saved_line(options, saved), flush=True)
+    if options.resume is not None:
+        line, matched = resume_line(options, before=before, rollouts=range(first, state.next_rollout))
+        print(line, flush=True)
+        if not matched:
+            sys.exit(DIFFERS_EXIT_CODE)
 
 
 if __name__ == "__main__":

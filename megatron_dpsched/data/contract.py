@@ -6,16 +6,21 @@ A *sample* is a mapping with
 * ``tokens``: a 1-D integer array (not bool, not float) of the sample's planned length, every id in
   ``[0, vocab_size)``;
 * ``labels``: a 1-D integer array of the same length, every entry in ``[0, vocab_size)`` or
-  :data:`IGNORE_INDEX` (-100: not trained);
+  :data:`IGNORE_INDEX` (-100: not trained), already shifted: ``labels[i]`` is the token that follows
+  ``tokens[i]``, the target the model predicts at position ``i`` (Megatron's convention). Hugging Face style
+  labels (``labels[i]`` the target *at* token ``i``, so ``labels == tokens`` where every token is trained) are
+  handed with a feed's ``label_convention="unshifted"`` (:data:`LABEL_CONVENTIONS`), which shifts them and the
+  loss mask; handed as shifted, they train the model to copy its input (:func:`labels_copy_tokens` finds them);
 * ``loss_mask`` (optional): a 1-D array of the same length (bool, integer or float dtype) holding only 0 and
   1. A loss mask says which positions are trained; it is not a loss weight: the per-token loss divides by
   the count of trained positions, so a 5 would count one token five times and a -1 would train against its
   target. Other keys are ignored.
 
-Arrays are numpy arrays or torch tensors (any dtype, CPU); a Python list is refused: collate builds its
-micro-batches from tensors. ``vocab_size`` is the *padded* vocabulary (Megatron's ``args.padded_vocab_size``,
-what its ``_vocab_size_with_padding`` gives): the embedding table's row count. ``None`` skips the upper bound
-only; callers pass it only when the user asked for that.
+Arrays are numpy arrays or torch tensors (any dtype, CPU; collate converts numpy arrays); a Python list, a
+generator or a meta tensor (no data) is refused: collate builds its micro-batches from tensors.
+``vocab_size`` is the *padded* vocabulary (Megatron's ``args.padded_vocab_size``, what its
+``_vocab_size_with_padding`` gives): the embedding table's row count. ``None`` skips the upper bound only;
+callers pass it only when the user asked for that.
 
 A collated micro-batch must hold at most the token cap (``max_tokens_per_gpu * cp_size``), counted as collate
 built it (``thd``: every sequence padded to its multiple, back to back; ``bshd``: rows x the longest padded
@@ -38,6 +43,14 @@ IGNORE_INDEX = -100
 
 SAMPLE_FIELDS = ("tokens", "labels", "loss_mask")
 """The fields of a sample the contract reads."""
+
+LABEL_CONVENTIONS = ("shifted", "unshifted")
+"""How a sample's ``labels`` line up with its ``tokens``: ``shifted`` (``labels[i]`` is the token after
+``tokens[i]``, what the model is handed) or ``unshifted`` (Hugging Face style: ``labels[i]`` is the target at
+token ``i``; the feed shifts labels and loss mask one position left, and the last position trains nothing)."""
+
+COPY_MIN_POSITIONS = 2
+"""Loss positions a sample needs before :func:`labels_copy_tokens` calls its labels a copy of its tokens."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,11 +99,23 @@ def as_array(value: object, *, field: str, place: Place) -> np.ndarray:
     if detach is None or not hasattr(value, "dtype"):
         raise _fail(place, field, f"must be a 1-D tensor or numpy array; got {type(value).__name__} "
                                   f"(hand torch.tensor(ids, dtype=torch.long))")
+    if getattr(value, "is_meta", False):
+        raise _fail(place, field, f"is a meta tensor (shape {tuple(value.shape)}, no data); hand the sample's ids "
+                                  f"in a CPU tensor or numpy array")
+    layout = str(getattr(value, "layout", "torch.strided"))
+    if layout != "torch.strided":
+        raise _fail(place, field, f"is a {layout} tensor; hand a dense CPU tensor or numpy array (.to_dense())")
     tensor = detach().cpu()
     try:
         return tensor.numpy()
     except TypeError:  # bfloat16 and other dtypes numpy lacks: floats
+        pass
+    try:
         return tensor.float().numpy()
+    except (TypeError, RuntimeError, NotImplementedError) as error:  # a quantized or other tensor without floats
+        raise _fail(place, field, f"cannot be read as an array (dtype {getattr(value, 'dtype', '?')}: "
+                                  f"{' '.join(str(error).split())[:120]}); hand a CPU tensor or numpy array of "
+                                  f"integer ids") from None
 
 
 def _one_dimensional(array: np.ndarray, *, field: str, place: Place, kinds: str, what: str) -> None:
@@ -158,6 +183,18 @@ def validate_sample(sample: object, *, length: int, vocab_size: int | None, plac
         mask = as_array(sample["loss_mask"], field="loss_mask", place=place)
         check_loss_mask(mask, place=place)
         _same_length(mask, tokens, field="loss_mask", place=place)
+
+
+def labels_copy_tokens(sample: Mapping[str, Any], *, place: Place) -> bool:
+    """Whether ``sample`` (one that keeps the contract) has ``labels`` equal to ``tokens`` at every loss position
+    (label not :data:`IGNORE_INDEX`, loss mask 1), with at least :data:`COPY_MIN_POSITIONS` of them: the mark of
+    unshifted (Hugging Face style) labels handed as shifted ones, which train the model to copy its input."""
+    tokens = as_array(sample["tokens"], field="tokens", place=place)
+    labels = as_array(sample["labels"], field="labels", place=place)
+    trained = labels != IGNORE_INDEX
+    if sample.get("loss_mask") is not None:
+        trained &= as_array(sample["loss_mask"], field="loss_mask", place=place) != 0
+    return int(np.count_nonzero(trained)) >= COPY_MIN_POSITIONS and bool(np.all(labels[trained] == tokens[trained]))
 
 
 def _same_length(array: np.ndarray, tokens: np.ndarray, *, field: str, place: Place) -> None:

@@ -17,6 +17,10 @@ so the per-token loss divides by the unmasked tokens. Two layouts:
   padding never lets a real token see a padding token, so Megatron's causal mask
   type is enough (no ``[b, 1, s, s]`` tensor per micro-batch).
 
+Labels are shifted (``labels[i]`` is the token after ``tokens[i]``, Megatron's convention); numpy arrays are
+converted to tensors (:func:`sample_tensors`); :func:`shift_unshifted` turns Hugging Face style labels
+(``labels == tokens`` where trained) into shifted ones, the loss mask with them.
+
 Padding tokens get ``loss_mask`` 0 and ``padding_mask`` True (what MoE routing
 excludes). An empty micro-batch (a rank with fewer samples than the step's
 micro-batch count) becomes a one-token dummy (padded to ``pad_multiple``) with
@@ -37,11 +41,12 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from megatron.core.packed_seq_params import PackedSeqParams
 
 from megatron_dpsched.core.padding import gemm_alignment_for, pad_multiple_for  # noqa: F401 - re-exported
-from megatron_dpsched.data.contract import IGNORE_INDEX
+from megatron_dpsched.data.contract import IGNORE_INDEX, SAMPLE_FIELDS
 from megatron_dpsched.options import COLLATE_FORMATS
 
 FORMATS = COLLATE_FORMATS
@@ -111,6 +116,32 @@ def _labels(sample: Mapping[str, torch.Tensor], pad_token_id: int) -> torch.Tens
     return labels.masked_fill(labels == IGNORE_INDEX, pad_token_id)
 
 
+def sample_tensors(sample: Mapping[str, object]) -> dict[str, object]:
+    """``sample`` with its numpy ``tokens``, ``labels`` and ``loss_mask`` as torch tensors (ids as int64, a mask
+    as float32; copies, so a read-only array such as a memory map is fine); tensors and other keys as given."""
+    converted = dict(sample)
+    for key in SAMPLE_FIELDS:
+        value = sample.get(key)
+        if isinstance(value, np.ndarray):
+            dtype = np.float32 if key == "loss_mask" else np.int64
+            converted[key] = torch.from_numpy(np.array(value, dtype=dtype))
+    return converted
+
+
+def shift_unshifted(sample: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A sample with Hugging Face style labels (``labels[i]`` the target at token ``i``, ``loss_mask[i]`` whether
+    it is trained) in the shifted convention: ``labels[i]`` the target after token ``i``, i.e. ``labels[1:]``
+    and ``loss_mask[1:]``; the last position has no next token and trains nothing (-100, mask 0). The length
+    stays the planned one."""
+    labels = sample["labels"].reshape(-1).long()
+    shifted = {**sample, "labels": torch.cat([labels[1:], labels.new_full((1,), IGNORE_INDEX)])}
+    mask = sample.get("loss_mask")
+    if mask is not None:
+        mask = mask.reshape(-1)
+        shifted["loss_mask"] = torch.cat([mask[1:], mask.new_zeros(1)])
+    return shifted
+
+
 def dummy_sample(length: int, *, pad_token_id: int = 0) -> dict[str, torch.Tensor]:
     """A ``length``-token sample of padding with zero loss weight."""
     pad = torch.full((length,), pad_token_id, dtype=torch.long)
@@ -124,8 +155,7 @@ def collate_micro_batch(
 ) -> dict[str, object]:
     """Collate ``samples`` (one planned micro-batch); ``[]`` gives the zero-weight dummy."""
     assert len(samples) == len(sample_ids), "one id per sample"
-    if not samples:
-        samples = [dummy_sample(1, pad_token_id=config.pad_token_id)]
+    samples = [sample_tensors(sample) for sample in samples] or [dummy_sample(1, pad_token_id=config.pad_token_id)]
     batch = collate_thd(samples, config) if config.format == "thd" else collate_bshd(samples, config)
     batch["sample_ids"] = torch.tensor(list(sample_ids), dtype=torch.long)
     return batch

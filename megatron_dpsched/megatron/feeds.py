@@ -36,6 +36,19 @@ digests every sample of the step when it plans it: :meth:`StepFeed.content_diges
 The vocabulary bound: ``vocab_size="megatron"`` (the default) reads Megatron's
 ``args.padded_vocab_size`` when the feed is built (set by Megatron's initialization); an
 integer gives it; ``None`` skips the upper bound on token ids (only when asked for).
+
+Whom a feed feeds: ``rank`` is the data-parallel rank whose part of every step it hands out. Where
+Megatron's parallel state is initialised (``megatron.core.parallel_state``), the feed compares ``rank``
+and the plan's ``dp_size`` with this process's data-parallel rank and size when it is built (and again
+when its first step begins, for a feed built before Megatron's initialisation) and refuses a mismatch in
+one line: two ranks fed the same ``rank`` would train the same samples, part of the batch twice and the rest
+never. Without it (a trainer outside Megatron) the caller passes its rank in its data-parallel group.
+
+Labels: a sample's ``labels`` are shifted (``labels[i]`` is the token after ``tokens[i]``);
+``label_convention="unshifted"`` takes Hugging Face style labels (``labels == tokens`` where trained) and
+shifts them and the loss mask (:func:`~megatron_dpsched.megatron.collate.shift_unshifted`). Handed as
+shifted, such labels are found (labels equal to tokens at every loss position of a sample) and global rank 0
+prints one warning per job.
 """
 
 from __future__ import annotations
@@ -48,26 +61,39 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from megatron_dpsched.core import DPSchedule, ScheduleConfig, ScheduleInvariantError, plan_schedule
 from megatron_dpsched.core.cost import CostFunction
 from megatron_dpsched.core.validation import is_int, require_int, require_lengths
 from megatron_dpsched.data.contract import (
+    LABEL_CONVENTIONS,
     Place,
+    labels_copy_tokens,
     micro_batch_size,
     require_samples,
     require_within_cap,
     validate_sample,
 )
 from megatron_dpsched.data.sampling import SampleOrder
-from megatron_dpsched.megatron.collate import CollateConfig, collate_micro_batch, require_padding_agreement
+from megatron_dpsched.megatron.collate import (
+    CollateConfig,
+    collate_micro_batch,
+    require_padding_agreement,
+    sample_tensors,
+    shift_unshifted,
+)
 from megatron_dpsched.megatron.prefetch import PreparedStep, StepPrefetcher
 from megatron_dpsched.options import BY_NAME
 from megatron_dpsched.runtime.job_identity import fold_digests
 from megatron_dpsched.runtime.megatron_state import megatron_args
+from megatron_dpsched.runtime.ranks import print_rank_0
 
 SampleSource = Callable[[int], Mapping[str, Any]] | Sequence[Mapping[str, Any]]
+
+_WARNED: set[str] = set()
+"""The once-per-job warnings this process has printed (or, on ranks other than 0, would have)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,10 +161,16 @@ class StepFeed(ABC):
     def __init__(
         self, *, rank: int = 0, num_chunks: int = 1, collate: CollateConfig | None = None, verify: str = "off",
         name: str = "train", prefetch: bool = False, vocab_size: int | str | None = "megatron",
-        cap_counts: str = "padded",
+        cap_counts: str = "padded", label_convention: str = "shifted",
     ) -> None:
         if num_chunks < 1:
             raise ValueError(f"num_chunks must be >= 1; got {num_chunks}")
+        if label_convention not in LABEL_CONVENTIONS:
+            raise ValueError(f"label_convention must be one of {LABEL_CONVENTIONS} ('shifted': labels[i] is the token "
+                             f"after tokens[i]; 'unshifted': Hugging Face style, labels == tokens); "
+                             f"got {label_convention!r}")
+        self.label_convention = label_convention
+        """How the samples' labels line up with their tokens (``contract.LABEL_CONVENTIONS``)."""
         BY_NAME["verify"].check(verify)  # the option's choices (OptionError, a ValueError naming the flag)
         BY_NAME["cap_counts"].check(cap_counts)
         self.vocab_size = resolve_vocab_size(vocab_size)
@@ -159,6 +191,7 @@ class StepFeed(ABC):
         self._cache: dict[int, dict[str, Any]] = {}
         self._deferred: tuple[int, BaseException] | None = None
         self._prefetcher: StepPrefetcher | None = None
+        self._place_checked = False
 
     @property
     @abstractmethod
@@ -204,6 +237,25 @@ class StepFeed(ABC):
         except ValueError as error:
             raise ValueError(f"{source}: {error}") from None
 
+    def _require_data_parallel_place(self) -> None:
+        """Raise ``ValueError`` (one line naming both) unless ``rank`` and the plan's ``dp_size`` are this process's
+        data-parallel rank and size, where Megatron's parallel state is initialised (else nothing to compare)."""
+        from megatron.core import parallel_state
+
+        if self._place_checked or not parallel_state.model_parallel_is_initialized():
+            return
+        size, rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
+        feed = type(self).__name__
+        if self.dp_size != size:
+            raise ValueError(f"dp-schedule: {feed}: the plan was made for dp_size={self.dp_size}, but this job runs "
+                             f"{size} data-parallel ranks (megatron.core.parallel_state); plan again with "
+                             f"dp_size={size}")
+        if self.rank != rank:
+            raise ValueError(f"dp-schedule: {feed}(rank={self.rank!r}) on data-parallel rank {rank} of {size} "
+                             f"(megatron.core.parallel_state.get_data_parallel_rank()); pass rank={rank}: ranks fed "
+                             f"the same rank= train the same samples, part of the batch twice and the rest never")
+        self._place_checked = True
+
     def content_digest(self, sample_ids: Sequence[int]) -> int:
         """63-bit digest of the token ids of ``sample_ids``, in this order (:func:`sample_digest` of each, as
         :meth:`load_sample` reads it): ranks that plan the same lengths from other content disagree."""
@@ -216,6 +268,7 @@ class StepFeed(ABC):
     def begin_step(self) -> StepBatches:
         """Advance to the next step and rewind every chunk iterator to its first micro-batch."""
         started = time.perf_counter()
+        self._require_data_parallel_place()  # a feed built before Megatron's initialisation
         prepared = self._next_prepared() if self.prefetch else PreparedStep(batches=self._plan_next_step())
         if prepared.batches is None:
             assert prepared.error is not None
@@ -313,7 +366,7 @@ class StepFeed(ABC):
                                f"loading sample {sample_id} failed")
                 raise
             self._check_length(sample_id, sample, step=batches.step)
-            samples.append(sample)
+            samples.append(self._as_trained(sample_id, sample, step=batches.step))
         batch = collate_micro_batch(samples, ids, self.collate)
         size = micro_batch_size(batch["tokens"].shape, lengths=[self.planned_length(i) for i in ids], sample_ids=ids)
         require_within_cap(size, cap=self.token_cap, counts_padding=self.cap_counts == "padded",
@@ -329,6 +382,21 @@ class StepFeed(ABC):
             step = self.current.step
         validate_sample(sample, length=self.planned_length(sample_id), vocab_size=self.vocab_size,
                         place=Place(sample_id=sample_id, step=step, rank=self.rank), length_source=self.length_source)
+
+    def _as_trained(self, sample_id: int, sample: Mapping[str, Any], *, step: int) -> Mapping[str, Any]:
+        """A checked sample as collate takes it: tensors, shifted labels (``label_convention``). Shifted labels
+        that copy the tokens get one warning per job (global rank 0)."""
+        sample = sample_tensors(sample)
+        if self.label_convention == "unshifted":
+            return shift_unshifted(sample)
+        if "copied labels" not in _WARNED and labels_copy_tokens(sample, place=Place(sample_id=sample_id)):
+            _WARNED.add("copied labels")
+            print_rank_0(f"dp-schedule: WARNING: step {step}, data-parallel rank {self.rank}: sample "
+                         f"{sample_id}'s labels equal its tokens at every loss position: a sample's labels are "
+                         f"shifted (labels[i] is the token after tokens[i]); Hugging Face style labels (labels == "
+                         f"tokens) train the model to copy its input: hand them with label_convention='unshifted' "
+                         f"(the feed shifts labels and loss_mask). Printed once per job.")
+        return sample
 
     def megatron_iterators(self, *, rerun: bool = True) -> Any:
         """What to pass as Megatron's ``train_data_iterator``: one iterator, or a list with VPP.
@@ -367,9 +435,16 @@ def _feed_of(iterator: Any) -> StepFeed | None:
     return feed if isinstance(feed, StepFeed) else None
 
 
-def _sample_getter(samples: SampleSource) -> Callable[[int], Mapping[str, Any]]:
+def _sample_getter(samples: SampleSource, *, name: str) -> Callable[[int], Mapping[str, Any]]:
+    """``samples`` read by global sample id: a callable, or a sequence or mapping's ``[]``; a generator, iterator or
+    iterable dataset (no reads by id) is refused, naming ``name``."""
     if callable(samples):
         return samples
+    if (not hasattr(samples, "__getitem__") or hasattr(samples, "__next__")
+            or isinstance(samples, torch.utils.data.IterableDataset)):
+        raise ValueError(f"{name} is a {type(samples).__name__}, which cannot be read by sample id (the plan reads "
+                         f"samples in its own order); hand a sequence (e.g. list(...)), a mapping from sample id, "
+                         f"or a callable sample_id -> sample")
     return samples.__getitem__
 
 
@@ -421,6 +496,8 @@ class ScheduledDataIterator(StepFeed):
             schedule.check()
         except ScheduleInvariantError as error:
             raise ValueError(f"dp-schedule: the shipped plan is broken: {error}") from None
+        self.schedule = schedule
+        self._require_data_parallel_place()
         if not is_int(rank) or not 0 <= rank < schedule.dp_size:
             raise ValueError(f"rank {rank!r} is outside the schedule's dp_size={schedule.dp_size}")
         if start_step is not None and consumed_samples is not None:
@@ -432,10 +509,9 @@ class ScheduledDataIterator(StepFeed):
                                          schedule=schedule)
         elif consumed_samples is None and start_step is None:
             start_step = 0  # a shipped plan starts at its own step 0 unless told otherwise
-        self.schedule = schedule
         self._require_agreement(source="the shipped plan")
+        self._get = _sample_getter(samples, name="samples")
         require_samples(samples, needed=len(schedule.lengths), name="samples")
-        self._get = _sample_getter(samples)
         self._start_step = start_step
         self.next_step: int | None = start_step
 
@@ -523,7 +599,7 @@ class ScheduledDatasetLoader(StepFeed):
     and groups); step after step takes the next ``global_batch_size`` samples (groups) from
     ``consumed_samples`` on, so a resume from any position continues with the same plans.
     ``trained_tokens`` (optional, one per sample: its loss tokens, e.g. the dataset's ``trained_tokens``) gives
-    each step's :attr:`StepBatches.loss_tokens`.
+    each step's :attr:`StepBatches.loss_tokens` (with ``label_convention="unshifted"``: counted after the shift).
     """
 
     length_source = "the dataset's lengths"
@@ -548,10 +624,11 @@ class ScheduledDatasetLoader(StepFeed):
             raise ValueError("ScheduledDatasetLoader plans one step at a time; drop_last does not apply")
         self.config = config
         self.cost_model = cost_model
+        self._require_data_parallel_place()
         if not is_int(rank) or not 0 <= rank < self.config.dp_size:
             raise ValueError(f"rank {rank!r} is outside dp_size={self.config.dp_size}")
         self._require_agreement(source="config")
-        self._get = _sample_getter(dataset)
+        self._get = _sample_getter(dataset, name=f"the dataset ({type(dataset).__name__})")
         self._stored_digest = getattr(dataset, "sample_digest", None)
         """The dataset's own 64-bit digest of a sample as stored (``None`` where it has none), e.g. of a JSONL
         line, which is cheaper than parsing it for :func:`sample_digest`."""
@@ -644,6 +721,9 @@ def sample_digest(sample: Mapping[str, Any]) -> int:
     """64-bit blake2b of a sample's ``tokens`` and ``labels`` (what the step trains on: inputs, targets and
     their masking), from the tensors' bytes."""
     digest = hashlib.blake2b(digest_size=8)
+    if not isinstance(sample, Mapping):  # refused by the sample contract when its micro-batch is collated
+        digest.update(_content_bytes(sample))
+        return int.from_bytes(digest.digest(), "little")
     for key in ("tokens", "labels"):
         value = sample.get(key)
         if value is not None:
@@ -652,10 +732,15 @@ def sample_digest(sample: Mapping[str, Any]) -> int:
 
 
 def _content_bytes(value: Any) -> bytes:
-    """The bytes a digest covers: a tensor's (any dtype, bfloat16 too), else the value's ``repr``. Never raises on
-    a malformed sample: the sample contract refuses it, naming it, when its micro-batch is collated."""
-    if not hasattr(value, "detach"):
+    """The bytes a digest covers: a tensor's or numpy array's (any dtype, bfloat16 too; a meta or sparse tensor's
+    dtype and shape), else the value's ``repr``. Never raises on a malformed sample: the sample contract refuses
+    it, naming it, when its micro-batch is collated."""
+    if isinstance(value, np.ndarray) and not value.dtype.hasobject:  # an object array's bytes are its pointers
+        return np.ascontiguousarray(value).tobytes()  # as a tensor of its dtype digests
+    if not isinstance(value, torch.Tensor):
         return repr(value).encode()
+    if value.is_meta or value.layout != torch.strided:
+        return repr((value.dtype, tuple(value.shape), value.layout, value.device.type)).encode()
     tensor = value.detach().cpu().contiguous()
     try:
         return tensor.numpy().tobytes()

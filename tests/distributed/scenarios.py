@@ -387,9 +387,9 @@ def dp_mismatch() -> dict[str, Any]:
         model, optimizer, scheduler = harness.build_model_and_optimizer()
         plan = build_dp_schedule(LENGTHS[:GLOBAL_BATCH], dp_size=4, global_batch_size=GLOBAL_BATCH,
                                  max_tokens_per_gpu=40, padded_rows=True)  # as the default bshd collate pads
-        feed = ScheduledDataIterator(plan, rank=0, samples=harness.make_sample)
         before = [p.detach().clone() for p in model[0].parameters()]
         try:
+            feed = ScheduledDataIterator(plan, rank=0, samples=harness.make_sample)  # refused here, before a step
             train(_recording_forward_step([]), model, optimizer, scheduler, feed.megatron_iterators(),
                   None, None, get_model_config(model[0]), {}, None)
         except ValueError as error:

@@ -4,7 +4,9 @@ The jobs are the README's two commands (the same in docs/rl.md), run exactly as 
 and ``--resume`` paths, from the repository root): one trains 3 rollouts on 2 trainer ranks and saves its state after 2;
 the second resumes from that state. Every rank's records are checked: each rollout sample trained exactly once, in the
 micro-batches of the shipped plan, finite losses, Megatron's counters advanced by the samples
-trained; the resumed job makes the same next plan and trains it with the same losses and counters.
+trained; the resumed job makes the same next plan and trains it with the same losses and counters. Each job ends
+saying where it saved; the resumed one says that it matched the job that saved its state, and a resume with
+another rollout seed says that it differs, naming the rollout, with exit code 1.
 """
 
 from __future__ import annotations
@@ -46,11 +48,13 @@ def test_the_readme_and_docs_rl_show_the_same_commands() -> None:
     assert len(readme_commands()) == 2 and readme_commands() == readme_commands("docs/rl.md")
 
 
-def run_as_written(argv: list[str]) -> None:
-    """``argv`` from the repository root; its interpreter is the checkout's ``.venv`` (this one without it)."""
+def run_as_written(argv: list[str], *, returncode: int = 0) -> list[str]:
+    """``argv`` from the repository root; its interpreter is the checkout's ``.venv`` (this one without it); the
+    lines it printed."""
     python = argv[0] if (REPO / argv[0]).exists() else sys.executable
     proc = subprocess.run([python, *argv[1:]], cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, (shlex.join(argv) + "\n" + proc.stdout + proc.stderr)[-4000:]
+    assert proc.returncode == returncode, (shlex.join(argv) + "\n" + proc.stdout + proc.stderr)[-4000:]
+    return proc.stdout.splitlines()
 
 
 def option(argv: list[str], name: str) -> str:
@@ -69,8 +73,9 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     existed = [out.exists() for out in outs]
     root = tmp_path_factory.mktemp("rl_example")
     try:
-        for argv in (first, second):
-            run_as_written(argv)
+        for argv, name in zip((first, second), ("full", "resumed"), strict=True):
+            printed = run_as_written(argv)
+            (root / f"{name}.stdout").write_text("\n".join(printed))
         for out, name in zip(outs, ("full", "resumed"), strict=True):
             shutil.copytree(out, root / name)
     finally:
@@ -122,3 +127,31 @@ def test_resume_makes_the_same_next_plan_and_trains_it_the_same(jobs):
     assert not (resumed / "plans" / "rollout_0.json").exists()
     for rank, (whole, cont) in enumerate(zip(records(full), records(resumed), strict=True)):
         assert cont == whole[2:], f"rank {rank}"  # same micro-batches, loss, LR, iteration, consumed samples
+
+
+def test_each_job_says_where_it_saved_and_the_resumed_one_that_it_matched(jobs):
+    full, resumed = jobs
+    first, second = readme_commands()
+    out, state = option(first, "--out"), option(second, "--resume")
+    assert state == f"{out}/state_after_2"
+    full_lines = (full.parent / "full.stdout").read_text().splitlines()
+    assert full_lines[-2:] == [
+        "trained rollouts 0..2 on 2 ranks",
+        f"saved: the state after 2 rollouts in {state} (continue with --resume {state}); plans in {out}/plans, "
+        f"per-rank records in {out}/records.rank*.json"]
+    resumed_out = option(second, "--out")
+    assert (full.parent / "resumed.stdout").read_text().splitlines()[-3:] == [
+        "trained rollouts 2..2 on 2 ranks",
+        f"saved: plans in {resumed_out}/plans, per-rank records in {resumed_out}/records.rank*.json; no state "
+        f"(--save-state-after K saves one)",
+        f"resume: matches the job that saved {state} (its --out {out}): rollouts 2..2 planned the same, and trained "
+        f"with the same micro-batches, losses, learning rates, iterations and consumed samples on 2 ranks"]
+
+
+def test_a_resume_that_trains_otherwise_says_it_differs_and_exits_1(jobs, tmp_path):
+    full, _ = jobs
+    argv = [sys.executable, str(EXAMPLE), "--out", str(tmp_path / "other"), "--resume", str(full / "state_after_2"),
+            "--seed", "1"]  # other rollouts than the job that saved the state made
+    lines = run_as_written(argv, returncode=1)
+    assert lines[-1] == (f"resume: DIFFERS from the job that saved {full / 'state_after_2'} (its --out {full}): "
+                         f"rollout 2: another plan"), lines[-3:]

@@ -12,11 +12,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from megatron_dpsched.data.contract import (
+    COPY_MIN_POSITIONS,
     IGNORE_INDEX,
     MicroBatchSize,
     Place,
     SampleContractError,
     json_depth,
+    labels_copy_tokens,
     require_samples,
     require_within_cap,
     validate_sample,
@@ -170,3 +172,21 @@ JSON_VALUES = st.recursive(
 @given(JSON_VALUES)
 def test_json_depth_matches_the_parsed_nesting(value: object) -> None:
     assert json_depth(json.dumps(value)) == _depth(value)
+
+
+def test_labels_that_copy_the_tokens_at_every_loss_position_are_found() -> None:
+    """Hugging Face style labels (the prompt -100, the response equal to the tokens) handed as shifted ones are
+    found; shifted labels, a copy only where the loss mask is 0, or too few loss positions are not."""
+    tokens = np.array([1, 30, 31, 40, 41, 2])
+    hugging_face = {"tokens": tokens, "labels": np.array([IGNORE_INDEX] * 3 + [40, 41, 2])}
+    assert labels_copy_tokens(hugging_face, place=PLACE)
+    assert labels_copy_tokens({"tokens": tokens, "labels": tokens.copy()}, place=PLACE)
+    shifted = {"tokens": tokens, "labels": np.array([30, 31, 40, 41, 2, IGNORE_INDEX])}
+    assert not labels_copy_tokens(shifted, place=PLACE)
+    one_differs = {"tokens": tokens, "labels": np.array([1, 30, 31, 40, 41, 3])}
+    assert not labels_copy_tokens(one_differs, place=PLACE)
+    masked_out = {**one_differs, "loss_mask": np.array([1, 1, 1, 1, 1, 0], dtype=np.int8)}
+    assert labels_copy_tokens(masked_out, place=PLACE)  # the differing label is not trained
+    assert COPY_MIN_POSITIONS == 2
+    one_position = {"tokens": tokens, "labels": np.array([IGNORE_INDEX] * 5 + [2])}
+    assert not labels_copy_tokens(one_position, place=PLACE)  # one token equal to its label proves nothing
