@@ -244,7 +244,7 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
 def open_data(args: argparse.Namespace, path: str) -> Any:
     """A corpus (:func:`open_corpus`) or, with ``--sft``, a conversation file read with Megatron's tokenizer."""
     if not getattr(args, "sft_conversations", False):
-        return open_corpus(path)
+        return open_corpus(path, vocab_size=getattr(args, "padded_vocab_size", None))  # every id checked when opened
     from megatron_dpsched.data import ConversationJsonlDataset, sft_format_from_args
 
     if "sft_format" not in _state:
