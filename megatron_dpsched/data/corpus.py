@@ -98,7 +98,7 @@ class TokenJsonlDataset:
         if len(self.index) == 0:
             raise ValueError(f"--data-path {self.path} holds no samples")
         self._reader = LineReader(self.path)
-        self._check_vocabulary()
+        self.check_vocabulary(vocab_size)
         self.lengths = IntArrayView(self.index.lengths)
         self.trained_tokens = IntArrayView(self.index.trained)
         """The loss tokens of each sample (from the length index)."""
@@ -106,9 +106,11 @@ class TokenJsonlDataset:
     def _measure(self, line: bytes, number: int) -> tuple[tuple[int, int, int]]:
         return (row_measure(line, path=self.path, line_number=number),)
 
-    def _check_vocabulary(self) -> None:
-        """Refuse the first row with an id at or past ``vocab_size``, naming its line (parsed again for the id)."""
-        first = vocabulary_excess(self.index.max_ids, self.vocab_size)
+    def check_vocabulary(self, vocab_size: int | None) -> None:
+        """Bound every id by ``vocab_size`` (the padded vocabulary, once known; ``None``: no bound) from the largest
+        id of each row the index recorded: the first row past it raises naming its line (parsed again)."""
+        self.vocab_size = vocab_size
+        first = vocabulary_excess(self.index.max_ids, vocab_size)
         if first is not None:
             self.read_row(first)  # raises naming the line and the field
             raise AssertionError(f"{self.path}: sample {first} holds an id past {self.vocab_size}, its row none")
@@ -175,10 +177,7 @@ class IndexedTokenDataset:
         if not index.lengths.size or int(index.lengths.min()) < 2:
             raise ValueError(f"--data-path {self.path}: every sequence needs at least 2 token ids")
         self._scan = scan_sequences(self.bin_path, index, kind="tokens")
-        first = vocabulary_excess(self._scan.extremes, vocab_size)
-        if first is not None:
-            raise ValueError(f"--data-path {self.bin_path} sequence {first}: holds token id "
-                             f"{int(self._scan.extremes[first])}, outside the padded vocabulary [0, {vocab_size})")
+        self.check_vocabulary(vocab_size)
         self._data = IndexedDataset(str(self.path))
         self.lengths = [int(n) - 1 for n in index.lengths]
         self.mask_path = self.path.with_name(self.path.name + MASK_SUFFIX)
@@ -186,6 +185,15 @@ class IndexedTokenDataset:
         self.trained_tokens = self.lengths if self._mask is None else None
         """The loss tokens of each sample: every position without a sidecar mask; ``None`` with one (counting
         them would read the whole mask)."""
+
+    def check_vocabulary(self, vocab_size: int | None) -> None:
+        """Bound every token id by ``vocab_size`` (the padded vocabulary, once known; ``None``: no bound) from the
+        largest id of each sequence the scan recorded, naming the first sequence past it."""
+        self.vocab_size = vocab_size
+        first = vocabulary_excess(self._scan.extremes, vocab_size)
+        if first is not None:
+            raise ValueError(f"--data-path {self.bin_path} sequence {first}: holds token id "
+                             f"{int(self._scan.extremes[first])}, outside the padded vocabulary [0, {vocab_size})")
 
     def no_loss_notice(self) -> str | None:
         """``None``: without a sidecar mask every sample is trained; with one, samples are not counted."""
