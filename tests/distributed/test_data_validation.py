@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from entry import MODEL_BUILT, REPO, _PORTS, corpus_rows, errors, tiny_gpt_argv, torchrun, torchrun_per_rank
+from entry import _PORTS, MODEL_BUILT, REPO, corpus_rows, errors, tiny_gpt_argv, torchrun, torchrun_per_rank
 
 from megatron_dpsched.data import write_token_indexed, write_token_jsonl
 from megatron_dpsched.data.indexed_file import read_index_file

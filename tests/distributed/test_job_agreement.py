@@ -2,8 +2,9 @@
 
 * Same lengths, other content: rank 0 reads a corpus, rank 1 the same rows in reverse order (every row
   21 tokens), through the same relative ``--data-path`` (resolved: two files): every rank stops before the
-  model is built, naming the data's paths and content and the ranks, not its sizes (which agree). Past the start-up check (a feed in real ``train()``), the
-  step's fingerprint covers the samples' token ids: ``dp2_ranks_content`` stops in step 0.
+  model is built, naming the data's paths and content and the ranks, not its sizes (which agree). Past the
+  start-up check (a feed in real ``train()``), the step's fingerprint covers the samples' token ids:
+  ``dp2_ranks_content`` stops in step 0.
 * ``--dp-schedule`` on rank 0 only: a clear error on every rank within seconds, not a hang.
 * Resume with another ``--data-path``: refused naming what changed; with
   ``--dp-schedule-changed-resume allow`` it trains and the log says what changed.
