@@ -15,6 +15,7 @@ as a length index is (:mod:`.line_index`), so a later start reads only the array
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -31,7 +32,7 @@ HEADER_BYTES = 34
 DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32,
           8: np.uint16}
 """megatron-core's dtype codes."""
-BATCH_BYTES = 32 << 20
+BATCH_BYTES = 8 << 20
 """Bytes of sequences checked per numpy call while scanning."""
 SCAN_VERSION = 1
 ScanKind = Literal["tokens", "mask"]
@@ -129,23 +130,27 @@ def scan_sequences(bin_path: Path, index: IndexFile, *, kind: ScanKind) -> Scan:
 
 
 def _read_bin(bin_path: Path, index: IndexFile, *, kind: ScanKind) -> Scan:
+    """One pass over ``bin_path`` in byte order, a batch of sequences (about :data:`BATCH_BYTES`) at a time."""
     size = bin_path.stat().st_size
     checksum = file_digest(size)
     count = index.lengths.size
     extremes, digests = np.empty(count, dtype=np.int64), np.empty(count, dtype=np.uint64)
-    data = np.memmap(bin_path, dtype=np.uint8, mode="r") if size else np.zeros(0, dtype=np.uint8)
-    view = memoryview(data)
-    order = np.argsort(index.pointers, kind="stable")
     done = 0  # bytes of the file folded into the checksum
-    for batch in _batches(index, order):
-        end = int(index.pointers[batch[-1]]) + int(index.lengths[batch[-1]]) * index.dtype.itemsize
-        if end > done:
-            checksum.update(view[done:end])
-            done = end
-        extremes[batch], digests[batch] = _check_batch(view, index, batch, kind=kind, where=bin_path)
-    checksum.update(view[done:size])
-    view.release()
-    del data
+    with open(bin_path, "rb") as handle:
+        for batch in _batches(index, np.argsort(index.pointers, kind="stable")):
+            low = int(index.pointers[batch].min())
+            high = int((index.pointers[batch] + index.lengths[batch].astype(np.int64) * index.dtype.itemsize).max())
+            if low > done:  # bytes no sequence points at
+                checksum.update(os.pread(handle.fileno(), low - done, done))
+                done = low
+            block = os.pread(handle.fileno(), high - low, low)
+            checksum.update(memoryview(block)[done - low:])
+            done = max(done, high)
+            extremes[batch], digests[batch] = _check_batch(memoryview(block), low, index, batch, kind=kind,
+                                                           where=bin_path)
+        handle.seek(done)  # bytes after the last sequence
+        for chunk in iter(lambda: handle.read(BATCH_BYTES), b""):
+            checksum.update(chunk)
     return Scan(extremes=extremes, digests=digests, checksum=checksum.hexdigest(), rebuilt=True)
 
 
@@ -156,11 +161,12 @@ def _batches(index: IndexFile, order: np.ndarray) -> list[np.ndarray]:
     return [part for part in np.split(order, np.unique(cuts)) if part.size]
 
 
-def _check_batch(view: memoryview, index: IndexFile, batch: np.ndarray, *, kind: ScanKind,
+def _check_batch(view: memoryview, base: int, index: IndexFile, batch: np.ndarray, *, kind: ScanKind,
                  where: Path) -> tuple[np.ndarray, list[int]]:
-    """The largest value and the digest of each sequence of ``batch`` (ascending byte order), values checked."""
+    """The largest value and the digest of each sequence of ``batch`` (ascending byte order; ``view`` holds the
+    file's bytes from ``base`` to the batch's end), values checked."""
     itemsize = index.dtype.itemsize
-    starts, counts = index.pointers[batch], index.lengths[batch].astype(np.int64)
+    starts, counts = index.pointers[batch] - base, index.lengths[batch].astype(np.int64)
     ends = starts + counts * itemsize
     digests = [sequence_digest(view[begin:end]) for begin, end in zip(starts.tolist(), ends.tolist())]
     if not (np.all(starts[1:] == ends[:-1]) and np.all(counts > 0)):  # gaps, overlaps or empty sequences

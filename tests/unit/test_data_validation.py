@@ -4,6 +4,7 @@ the line (JSONL) or the sequence (indexed)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import struct
@@ -17,6 +18,7 @@ import pytest
 from megatron_dpsched.data.corpus import open_corpus, write_token_indexed, write_token_jsonl
 from megatron_dpsched.data.indexed_file import read_index_file
 from megatron_dpsched.data.line_index import index_path
+from megatron_dpsched.runtime.job_identity import file_checksum
 
 REPO = Path(__file__).resolve().parents[2]
 VOCAB = 128
@@ -110,8 +112,6 @@ def test_the_index_records_each_rows_largest_id_and_digest(tmp_path: Path) -> No
     data = open_corpus(path)
     assert data.index.max_ids.tolist() == [3, 90, 5]
     lines = path.read_bytes().splitlines(keepends=True)
-    import hashlib
-
     assert [data.sample_digest(i) for i in range(3)] == [
         int.from_bytes(hashlib.blake2b(line, digest_size=8).digest(), "little") for line in lines]
 
@@ -181,8 +181,10 @@ def test_the_scan_is_cached_and_redone_when_the_bin_changes(tmp_path: Path) -> N
     prefix = _indexed(tmp_path, ROWS)
     first = open_corpus(prefix)
     assert first._scan.rebuilt and not open_corpus(prefix)._scan.rebuilt
-    assert index_path(Path(f"{prefix}.bin")).is_file()
     binary = Path(f"{prefix}.bin")
+    reference = hashlib.blake2b(binary.stat().st_size.to_bytes(8, "little") + binary.read_bytes(), digest_size=8)
+    assert first._scan.checksum == reference.hexdigest() == file_checksum(binary)  # the job identity's, no pass
+    assert index_path(binary).is_file()
     data = bytearray(binary.read_bytes())
     data[-4:] = (5).to_bytes(4, "little")
     binary.write_bytes(bytes(data))
