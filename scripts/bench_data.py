@@ -12,7 +12,7 @@ length index, once reading it from the cache (``DPSCHED_CACHE_DIR`` in the same 
 time to open the dataset and read one sample (measured without tracing); memory is the ``tracemalloc`` peak
 of the same in another fresh process (Python and numpy allocations) and the growth of the peak resident
 set over the process's size before opening (psutil, ``ru_maxrss``). A second, 10x smaller corpus shows
-how the cached start-up scales: only the index arrays (16 bytes per sample) grow with the corpus. Prints
+how the cached start-up scales: only the index arrays (36 bytes per sample) grow with the corpus. Prints
 the figures and exits 0; the target is a cached start-up under 2 s.
 
 ``--validation`` writes a JSONL corpus and a Megatron indexed corpus (``.bin``/``.idx``, int32 ids) of
@@ -233,7 +233,7 @@ def main() -> None:
         first, cached, size = bench(opts.samples, Path(tmp))
     grown = cached["peak_bytes"] - small_cached["peak_bytes"]
     print(f"cached start-up peak per extra sample: {grown / (opts.samples - max(1, opts.samples // 10)):.1f} bytes "
-          f"(the offset/part/length index arrays are 16 bytes per sample); corpus file {size / opts.samples:.0f} "
+          f"(the index arrays are 36 bytes per sample); corpus file {size / opts.samples:.0f} "
           f"bytes per sample")
     verdict = "meets" if cached["seconds"] < TARGET_CACHED_S else "misses"
     print(f"cached start-up {cached['seconds']:.2f} s {verdict} the {TARGET_CACHED_S:.0f} s target")

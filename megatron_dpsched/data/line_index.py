@@ -1,7 +1,7 @@
 """A length index of a JSONL file: byte offset, token length and trained positions of every sample, built once
 and cached.
 
-Reading a corpus never loads it whole: the index (numpy arrays, 20 bytes per sample) says where each
+Reading a corpus never loads it whole: the index (numpy arrays, 36 bytes per sample) says where each
 sample's line starts, how many positions it has and how many of them are trained (loss tokens: a row whose
 labels are all ignored has 0), so the planner gets every length at start-up, the reader can count the samples
 with no loss token without reading the file again, and a sample's line is read (``seek`` + ``readline``) only
