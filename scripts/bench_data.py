@@ -115,7 +115,7 @@ def measure_open(path: str) -> dict[str, float]:
 def read_once_seconds(path: Path) -> float:
     """One plain pass over the file: its whole-file checksum computed here (no index consulted)."""
     sys.path.insert(0, str(REPO))
-    from megatron_dpsched.runtime.job_identity import file_digest
+    from megatron_dpsched.data.line_index import file_digest
 
     start = time.perf_counter()
     digest = file_digest(path.stat().st_size)

@@ -22,8 +22,7 @@ from typing import Literal
 
 import numpy as np
 
-from megatron_dpsched.data.line_index import _stamp, index_path, load_stored, store
-from megatron_dpsched.runtime.job_identity import file_digest
+from megatron_dpsched.data.line_index import file_digest, file_stamp, index_path, load_stored, store
 
 HEADER = b"MMIDIDX\x00\x00"
 """The first bytes of a megatron-core ``.idx``."""
@@ -116,14 +115,14 @@ def scan_sequences(bin_path: Path, index: IndexFile, *, kind: ScanKind) -> Scan:
         raise ValueError(f"{bin_path}: {index.path.name} says it holds {index.dtype} values, not integer "
                          f"{'token ids' if kind == 'tokens' else '0/1 mask values'}")
     idx = index.path.stat()
-    stamp = _stamp(bin_path, f"indexed-{kind}-v{SCAN_VERSION}:{idx.st_size}:{idx.st_mtime_ns}")
+    stamp = file_stamp(bin_path, f"indexed-{kind}-v{SCAN_VERSION}:{idx.st_size}:{idx.st_mtime_ns}")
     cache = index_path(bin_path)
     stored = load_stored(cache, stamp, ("extremes", "digests"))
     if stored is not None:
         return Scan(extremes=stored["extremes"], digests=stored["digests"], checksum=str(stored["checksum"]),
                     rebuilt=False)
     scan = _read_bin(bin_path, index, kind=kind)
-    if _stamp(bin_path, stamp["kind"]) == stamp:  # not changed while it was read
+    if file_stamp(bin_path, stamp["kind"]) == stamp:  # not changed while it was read
         store(cache, {"extremes": scan.extremes, "digests": scan.digests, "checksum": np.array(scan.checksum)},
               stamp)
     return scan

@@ -35,10 +35,9 @@ from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-
-from megatron_dpsched.runtime.job_identity import file_digest
 
 CACHE_DIR_ENV = "DPSCHED_CACHE_DIR"
 """Environment variable naming a folder for length indexes (default: beside each file)."""
@@ -102,7 +101,9 @@ def _head_tail_crc(path: Path, size: int) -> int:
     return crc
 
 
-def _stamp(path: Path, kind: str) -> dict[str, object]:
+def file_stamp(path: Path, kind: str) -> dict[str, object]:
+    """What a cached index is valid for: the format version, the file's size, mtime, resolved path and head/tail
+    CRC, and the reader's ``kind``."""
     stat = path.stat()
     return {"version": INDEX_VERSION, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "kind": kind,
             "path": str(path.resolve()), "crc": _head_tail_crc(path, stat.st_size)}
@@ -138,6 +139,9 @@ def store(cache: Path, arrays: dict[str, np.ndarray], stamp: dict[str, object]) 
                       f"Set {CACHE_DIR_ENV} to a writable folder", stacklevel=3)
 
 
+_stamp = file_stamp  # what tests/distributed/test_failures.py forges a fresh stamp with
+
+
 def _load(cache: Path, stamp: dict[str, object]) -> LineIndex | None:
     stored = load_stored(cache, stamp, ARRAYS)
     if stored is None:
@@ -148,6 +152,12 @@ def _load(cache: Path, stamp: dict[str, object]) -> LineIndex | None:
 def _save(cache: Path, index: LineIndex, stamp: dict[str, object]) -> None:
     arrays = {name: getattr(index, name) for name in ARRAYS}
     store(cache, {**arrays, "checksum": np.array(index.checksum)}, stamp)
+
+
+def file_digest(size: int) -> Any:
+    """The running blake2b of a file's checksum (the job identity's ``data content``), seeded with its ``size``:
+    feed it every byte, in order."""
+    return hashlib.blake2b(size.to_bytes(8, "little"), digest_size=8)
 
 
 def stored_checksum(path: str | Path) -> str | None:
@@ -162,7 +172,7 @@ def stored_checksum(path: str | Path) -> str | None:
             meta = json.loads(str(stored["meta"]))
             if not isinstance(meta, dict):
                 return None
-            fresh = meta == _stamp(path, meta.get("kind"))
+            fresh = meta == file_stamp(path, meta.get("kind"))
             return str(stored["checksum"]) if fresh else None
     except (OSError, ValueError, KeyError):
         return None
@@ -219,13 +229,13 @@ def _measured(measured: int | tuple[int, ...]) -> tuple[int, int, int]:
 def open_index(path: str | Path, *, kind: str, measure: LineMeasure) -> LineIndex:
     """The cached index of ``path`` if it is fresh (same size, mtime and ``kind``), else a new one, stored."""
     path = Path(path)
-    stamp = _stamp(path, kind)
+    stamp = file_stamp(path, kind)
     cache = index_path(path)
     index = _load(cache, stamp)
     if index is not None:
         return index
     index = build_index(path, measure)
-    if _stamp(path, kind) == stamp:  # not changed while it was read
+    if file_stamp(path, kind) == stamp:  # not changed while it was read
         _save(cache, index, stamp)
     return index
 

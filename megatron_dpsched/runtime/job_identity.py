@@ -193,15 +193,10 @@ def content_summary(files: Sequence[str]) -> str:
     return ", ".join(file_checksum(path) for path in files) or "-"
 
 
-def file_digest(size: int) -> Any:
-    """The running blake2b of a file's checksum, seeded with its ``size`` (feed it every byte, in order)."""
-    return hashlib.blake2b(size.to_bytes(8, "little"), digest_size=8)
-
-
 def file_checksum(path: str | Path) -> str:
     """A 64-bit blake2b of the file's size and every byte: the one its fresh length index recorded while
     indexing it (:func:`megatron_dpsched.data.line_index.stored_checksum`), else read here."""
-    from megatron_dpsched.data.line_index import stored_checksum
+    from megatron_dpsched.data.line_index import file_digest, stored_checksum
 
     stored = stored_checksum(path)
     if stored is not None:
