@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -109,16 +110,21 @@ def test_checksums_cover_every_byte_of_any_size(tmp_path: Path) -> None:
     other.write_bytes(b"[4, 5, 6]\n[1, 2, 3]\n")  # the same rows in another order: same size
     assert ji.file_checksum(small) != ji.file_checksum(other)
     assert ji.file_checksum(small) == _reference_checksum(small)
-    large = tmp_path / "large.bin"
-    data = bytearray(((3 << 20) + 5) * b"\x07")
-    large.write_bytes(bytes(data))
+    large = tmp_path / "large.bin"  # over 64 MiB, which the old checksum sampled by 64 blocks of 64 KiB
+    size = (65 << 20) + 5
+    with open(large, "wb") as out:
+        out.truncate(size)
+    old_blocks = [(size - (64 << 10)) * block // 63 for block in range(64)]
+    between = old_blocks[1] - 4096
+    assert not any(start <= between < start + (64 << 10) for start in old_blocks)
     seen = {ji.file_checksum(large)}
-    for position in (100_000, len(data) - 70_000, len(data) - 1):  # between the old blocks, the last block
-        data[position] ^= 1
-        large.write_bytes(bytes(data))
+    for position in (between, size - 30_000, size - 1):  # between the old blocks, in the last block, the last byte
+        with open(large, "r+b") as out:
+            os.pwrite(out.fileno(), b"\x01", position)
         assert ji.file_checksum(large) == _reference_checksum(large)
         seen.add(ji.file_checksum(large))
-        data[position] ^= 1
+        with open(large, "r+b") as out:
+            os.pwrite(out.fileno(), b"\x00", position)
     assert len(seen) == 4
 
 
