@@ -244,7 +244,7 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
 def open_data(args: argparse.Namespace, path: str) -> Any:
     """A corpus (:func:`open_corpus`) or, with ``--sft``, a conversation file read with Megatron's tokenizer."""
     if not getattr(args, "sft_conversations", False):
-        return open_corpus(path)
+        return open_corpus(path, vocab_size=known_padded_vocab_size(args))  # every id checked when opened
     from megatron_dpsched.data import ConversationJsonlDataset, sft_format_from_args
 
     if "sft_format" not in _state:
@@ -252,13 +252,24 @@ def open_data(args: argparse.Namespace, path: str) -> Any:
     return ConversationJsonlDataset(path, _state["sft_format"])
 
 
+def known_padded_vocab_size(args: argparse.Namespace) -> int | None:
+    """The padded vocabulary if known yet (``--vocab-size`` padded as Megatron pads it), else ``None``."""
+    from megatron_dpsched.megatron.releases import compat_0_18_padded_vocab_size
+
+    found = getattr(args, "padded_vocab_size", None)
+    return found or (compat_0_18_padded_vocab_size(args.vocab_size, args) if args.vocab_size else None)
+
+
 def corpus(prefix: str) -> Any:
-    """The corpus at ``prefix``, opened once per process (its length index is built or read)."""
+    """The corpus at ``prefix``, opened once per process (its length index is built or read), its ids checked
+    against the padded vocabulary (known once Megatron built its tokenizer)."""
     from megatron.training.global_vars import get_args
 
     corpora = _state.setdefault("corpora", {})
     if prefix not in corpora:
         corpora[prefix] = open_data(get_args(), prefix)
+    if hasattr(corpora[prefix], "check_vocabulary"):
+        corpora[prefix].check_vocabulary(known_padded_vocab_size(get_args()))
     return corpora[prefix]
 
 

@@ -1,7 +1,7 @@
 """A length index of a JSONL file: byte offset, token length and trained positions of every sample, built once
 and cached.
 
-Reading a corpus never loads it whole: the index (numpy arrays, 20 bytes per sample) says where each
+Reading a corpus never loads it whole: the index (numpy arrays, 36 bytes per sample) says where each
 sample's line starts, how many positions it has and how many of them are trained (loss tokens: a row whose
 labels are all ignored has 0), so the planner gets every length at start-up, the reader can count the samples
 with no loss token without reading the file again, and a sample's line is read (``seek`` + ``readline``) only
@@ -15,7 +15,12 @@ tokenizer); a mismatch on any of them (the file was touched, appended to or rewr
 way) rebuilds it. Where the index cannot be written (read-only folder) it is built in memory each time,
 with a warning. Several processes building it at once is safe (each writes its own temporary file and
 renames it into place). Reading checks that each offset starts a line and (for token rows) that the row
-has its indexed length, so a file changed under a running job fails naming it instead of training the wrong rows.
+has its indexed length and digest (a 64-bit blake2b of each line, recorded while indexing), so a file changed
+under a running job fails naming its line instead of training the wrong rows.
+
+The indexing pass also records each sample's largest id (checked against the padded vocabulary whenever the
+file is opened, cached or not) and a checksum of every byte of the file, which the job identity takes as the
+file's content checksum (:func:`stored_checksum`) instead of reading the file again.
 """
 
 from __future__ import annotations
@@ -30,18 +35,22 @@ from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 CACHE_DIR_ENV = "DPSCHED_CACHE_DIR"
 """Environment variable naming a folder for length indexes (default: beside each file)."""
-INDEX_VERSION = 3
-"""3: the index also stores each sample's trained positions (``trained``)."""
+INDEX_VERSION = 4
+"""3: the index also stores each sample's trained positions (``trained``); 4: each sample's largest id
+(``max_ids``), each line's digest (``digests``) and the whole file's checksum (``checksum``)."""
 SUFFIX = ".dpsched-index.npz"
 
-LineMeasure = Callable[[bytes, int], Sequence[int | tuple[int, int]]]
-"""``measure(line, line_number)``: the samples the line holds (validating it), each as its length or as
-``(length, trained positions)`` (a bare length: every position is trained)."""
+LineMeasure = Callable[[bytes, int], Sequence[int | tuple[int, ...]]]
+"""``measure(line, line_number)``: the samples the line holds (validating it), each as its length, as
+``(length, trained positions)`` (a bare length: every position is trained) or as ``(length, trained positions,
+largest id)`` (the largest token or label id, checked against the padded vocabulary when the file is opened;
+-1 where not measured)."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +65,12 @@ class LineIndex:
     """int32 sample lengths (positions)."""
     trained: np.ndarray
     """int32 trained positions (loss tokens) of each sample, at most its length (0: no loss token)."""
+    max_ids: np.ndarray
+    """int64 largest token or label id of each sample (-1: not measured)."""
+    digests: np.ndarray
+    """uint64 :func:`line_digest` of the line holding each sample, as it was indexed."""
+    checksum: str
+    """blake2b of the file's size and every byte, as it was indexed (:func:`file_digest` of the whole file)."""
     rebuilt: bool = False
     """Whether this open built the index (``False``: read from the cache)."""
 
@@ -86,35 +101,87 @@ def _head_tail_crc(path: Path, size: int) -> int:
     return crc
 
 
-def _stamp(path: Path, kind: str) -> dict[str, object]:
+def file_stamp(path: Path, kind: str) -> dict[str, object]:
+    """What a cached index is valid for: the format version, the file's size, mtime, resolved path and head/tail
+    CRC, and the reader's ``kind``."""
     stat = path.stat()
     return {"version": INDEX_VERSION, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "kind": kind,
             "path": str(path.resolve()), "crc": _head_tail_crc(path, stat.st_size)}
 
 
-def _load(cache: Path, stamp: dict[str, object]) -> LineIndex | None:
+ARRAYS = ("offsets", "parts", "lengths", "trained", "max_ids", "digests")
+"""The arrays of a stored index (beside its ``meta`` stamp and ``checksum``)."""
+
+
+def load_stored(cache: Path, stamp: dict[str, object], names: Sequence[str]) -> dict[str, np.ndarray] | None:
+    """The arrays ``names`` (and ``checksum``) stored in ``cache`` under ``stamp``; ``None`` if absent or stale."""
     try:
         with np.load(cache, allow_pickle=False) as stored:
             if json.loads(str(stored["meta"])) != stamp:
                 return None
-            return LineIndex(stored["offsets"], stored["parts"], stored["lengths"], stored["trained"])
+            return {name: stored[name] for name in (*names, "checksum")}
     except (OSError, ValueError, KeyError):
         return None
 
 
-def _save(cache: Path, index: LineIndex, stamp: dict[str, object]) -> None:
+def store(cache: Path, arrays: dict[str, np.ndarray], stamp: dict[str, object]) -> None:
+    """Write ``arrays`` with ``stamp`` to ``cache`` atomically (a warning where the folder is not writable)."""
     temporary = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
         with open(temporary, "wb") as out:
-            np.savez(out, meta=np.array(json.dumps(stamp)), offsets=index.offsets, parts=index.parts,
-                     lengths=index.lengths, trained=index.trained)
+            np.savez(out, meta=np.array(json.dumps(stamp)), **arrays)
         os.replace(temporary, cache)
     except OSError as error:
         with contextlib.suppress(OSError):
             temporary.unlink(missing_ok=True)
         warnings.warn(f"{cache}: cannot store the length index ({error}); it is rebuilt on every start. "
                       f"Set {CACHE_DIR_ENV} to a writable folder", stacklevel=3)
+
+
+_stamp = file_stamp  # what tests/distributed/test_failures.py forges a fresh stamp with
+
+
+def _load(cache: Path, stamp: dict[str, object]) -> LineIndex | None:
+    stored = load_stored(cache, stamp, ARRAYS)
+    if stored is None:
+        return None
+    return LineIndex(**{name: stored[name] for name in ARRAYS}, checksum=str(stored["checksum"]))
+
+
+def _save(cache: Path, index: LineIndex, stamp: dict[str, object]) -> None:
+    arrays = {name: getattr(index, name) for name in ARRAYS}
+    store(cache, {**arrays, "checksum": np.array(index.checksum)}, stamp)
+
+
+def file_digest(size: int) -> Any:
+    """The running blake2b of a file's checksum (the job identity's ``data content``), seeded with its ``size``:
+    feed it every byte, in order."""
+    return hashlib.blake2b(size.to_bytes(8, "little"), digest_size=8)
+
+
+def stored_checksum(path: str | Path) -> str | None:
+    """The whole-file checksum an index of ``path`` recorded when it was built (any reader's: the kind is not
+    compared), if that index is fresh (same size, mtime and head/tail CRC); ``None`` otherwise."""
+    path = Path(path)
+    cache = index_path(path)
+    if not cache.is_file():
+        return None
+    try:
+        with np.load(cache, allow_pickle=False) as stored:
+            meta = json.loads(str(stored["meta"]))
+            if not isinstance(meta, dict):
+                return None
+            fresh = meta == file_stamp(path, meta.get("kind"))
+            return str(stored["checksum"]) if fresh else None
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def line_digest(line: bytes) -> int:
+    """64-bit blake2b of a line as stored (what a read compares with the index, and what ``--dp-schedule``
+    folds into each step's fingerprint)."""
+    return int.from_bytes(hashlib.blake2b(line, digest_size=8).digest(), "little")
 
 
 def iterate_lines(path: Path) -> Iterator[tuple[int, int, bytes]]:
@@ -127,33 +194,48 @@ def iterate_lines(path: Path) -> Iterator[tuple[int, int, bytes]]:
 
 
 def build_index(path: Path, measure: LineMeasure) -> LineIndex:
-    """Read ``path`` once, measuring every non-blank line."""
+    """Read ``path`` once, measuring every non-blank line, digesting each line and the whole file."""
     offsets, parts, lengths, trained = array("q"), array("i"), array("i"), array("i")
+    max_ids, digests = array("q"), array("Q")
+    checksum = file_digest(path.stat().st_size)
     for number, offset, line in iterate_lines(path):
+        checksum.update(line)
         if not line.strip():
             continue
+        digest = line_digest(line)
         for part, measured in enumerate(measure(line, number)):
-            length, positions = measured if isinstance(measured, tuple) else (measured, measured)
+            length, positions, largest = _measured(measured)
             assert 0 <= positions <= length, (path, number, measured)
             offsets.append(offset)
             parts.append(part)
             lengths.append(length)
             trained.append(positions)
+            max_ids.append(largest)
+            digests.append(digest)
     as_array = np.frombuffer
     return LineIndex(as_array(offsets, dtype=np.int64), as_array(parts, dtype=np.int32),
-                     as_array(lengths, dtype=np.int32), as_array(trained, dtype=np.int32), rebuilt=True)
+                     as_array(lengths, dtype=np.int32), as_array(trained, dtype=np.int32),
+                     as_array(max_ids, dtype=np.int64), as_array(digests, dtype=np.uint64),
+                     checksum=checksum.hexdigest(), rebuilt=True)
+
+
+def _measured(measured: int | tuple[int, ...]) -> tuple[int, int, int]:
+    """``(length, trained positions, largest id)`` of what a measure gave for one sample."""
+    if not isinstance(measured, tuple):
+        return measured, measured, -1
+    return (*measured, -1) if len(measured) == 2 else measured
 
 
 def open_index(path: str | Path, *, kind: str, measure: LineMeasure) -> LineIndex:
     """The cached index of ``path`` if it is fresh (same size, mtime and ``kind``), else a new one, stored."""
     path = Path(path)
-    stamp = _stamp(path, kind)
+    stamp = file_stamp(path, kind)
     cache = index_path(path)
     index = _load(cache, stamp)
     if index is not None:
         return index
     index = build_index(path, measure)
-    if _stamp(path, kind) == stamp:  # not changed while it was read
+    if file_stamp(path, kind) == stamp:  # not changed while it was read
         _save(cache, index, stamp)
     return index
 

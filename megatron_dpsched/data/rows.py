@@ -27,7 +27,7 @@ import numpy as np
 from megatron_dpsched.data.contract import IGNORE_INDEX, Place, check_ids, check_loss_mask, require_json_depth
 
 __all__ = ["IGNORE_INDEX", "MAX_JSON_DEPTH", "TokenRow", "parse_row", "row_length", "row_measure", "shifted",
-           "trained_positions"]
+           "trained_positions", "vocabulary_excess"]
 
 MAX_JSON_DEPTH = 16
 """Deepest nesting of a row read (a token row nests 2 deep)."""
@@ -42,6 +42,12 @@ class TokenRow:
     """1-D int64 token ids (at least 2)."""
     targets: np.ndarray | None
     """1-D int64, same length: the target at each token, ``IGNORE_INDEX`` where none; ``None``: the tokens."""
+
+    @property
+    def max_id(self) -> int:
+        """The largest token or label id of the row (what the padded vocabulary must exceed)."""
+        largest = int(self.tokens.max())
+        return largest if self.targets is None else max(largest, int(self.targets.max()))
 
     @property
     def num_positions(self) -> int:
@@ -131,10 +137,19 @@ def row_length(line: str | bytes, *, path: Path | str, line_number: int) -> int:
     return parse_row(line, path=path, line_number=line_number).num_positions
 
 
-def row_measure(line: str | bytes, *, path: Path | str, line_number: int) -> tuple[int, int]:
-    """``(length, trained positions)`` of one JSONL line (validating it as :func:`parse_row` does)."""
+def row_measure(line: str | bytes, *, path: Path | str, line_number: int) -> tuple[int, int, int]:
+    """``(length, trained positions, largest id)`` of one JSONL line (validating it as :func:`parse_row` does;
+    the largest token or label id is what the padded vocabulary must exceed)."""
     row = parse_row(line, path=path, line_number=line_number)
-    return row.num_positions, trained_positions(row.tokens, row.targets)
+    return row.num_positions, trained_positions(row.tokens, row.targets), row.max_id
+
+
+def vocabulary_excess(max_ids: np.ndarray, vocab_size: int | None) -> int | None:
+    """The first sample whose largest id (``max_ids``) is outside the padded vocabulary, ``None`` if none."""
+    if vocab_size is None or not max_ids.size:
+        return None
+    outside = np.flatnonzero(max_ids >= vocab_size)
+    return int(outside[0]) if outside.size else None
 
 
 def trained_positions(tokens: np.ndarray, targets: np.ndarray | None, *, pad_ids: tuple[int, ...] = ()) -> int:

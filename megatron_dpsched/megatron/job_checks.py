@@ -45,12 +45,14 @@ from megatron_dpsched.runtime.job_identity import (
     RUN_TIME_OPTIONS_FIELD,
     STATE_FILE,
     JobIdentity,
+    content_summary,
     data_files,
-    file_checksum,
     job_disagreement_message,
     mismatched_fields,
     read_state,
+    resolved_words,
     resume_changes,
+    sizes_summary,
     state_json,
 )
 from megatron_dpsched.runtime.ranks import global_rank, print_rank_0
@@ -113,9 +115,9 @@ def identity_from_args(args: Any) -> JobIdentity:
         (OPTIONS_FIELD, _listing(options.option_values(run_time=False)) if enabled else "-"),
         (RUN_TIME_OPTIONS_FIELD, _listing(options.option_values(run_time=True)) if enabled else "-"),
         (PLANNER_FIELD, planner_summary(setup, args=args) if setup is not None else "-"),
-        (DATA_PATHS_FIELD, _listing(flags)),
-        (DATA_SIZES_FIELD, ", ".join(f"{path}: {os.path.getsize(path)} bytes" for path in files) or "-"),
-        (DATA_CONTENT_FIELD, ", ".join(f"{path}: {file_checksum(path)}" for path in files) or "-"),
+        (DATA_PATHS_FIELD, _listing({flag: resolved_words(value) for flag, value in flags.items()})),
+        (DATA_SIZES_FIELD, sizes_summary(files)),
+        (DATA_CONTENT_FIELD, content_summary(files)),
     ))
 
 

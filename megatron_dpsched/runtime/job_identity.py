@@ -1,17 +1,21 @@
-"""What a job is, as a few named fields every rank must share and a checkpoint remembers (standard library only).
+"""What a job is, as a few named fields every rank must share and a checkpoint remembers (standard library; the
+stored checksum of a length index is read through :mod:`megatron_dpsched.data.line_index`, numpy).
 
 A :class:`JobIdentity` is an ordered tuple of ``(field, summary)`` pairs: ``--dp-schedule`` on or off, the
-``--dp-schedule-*`` options, the planner config, and the data's identity (the data flags, the sizes of the
-files they name, a checksum of each file's content). Each summary is readable text; its 63-bit
-:func:`digest63` is what ranks exchange. Before the model is built every rank all-reduces the vector of
-field digests (``megatron_dpsched.megatron.job_checks``), so a mismatch names the field; only then are the
-summaries gathered, for the message (:func:`job_disagreement_message`). A checkpoint stores the identity
-(:func:`state_json`), and a resume compares it with the job's own (:func:`resume_changes`).
+``--dp-schedule-*`` options, the planner config, and the data's identity (the data flags with every path
+resolved, the sizes of the files they name, a checksum of each file's content; sizes and checksums are listed
+in the order of the files, without their paths, so a field differs only where its own values do). Each
+summary is readable text; its 63-bit :func:`digest63` is what ranks exchange. Before the model is built every
+rank all-reduces the vector of field digests (``megatron_dpsched.megatron.job_checks``), so a mismatch names
+the field; only then are the summaries gathered, for the message (:func:`job_disagreement_message`). A
+checkpoint stores the identity (:func:`state_json`), and a resume compares it with the job's own
+(:func:`resume_changes`).
 
 Content, twice:
 
-* at start-up, :func:`file_checksum` of every data file (whole files up to :data:`WHOLE_FILE_BYTES`,
-  else :data:`CHECKSUM_BLOCKS` evenly spaced blocks plus the size);
+* at start-up, :func:`file_checksum` of every data file: every byte and the size, taken from the file's
+  length index where one is fresh (the indexing pass computes it while it reads each row: no extra pass),
+  else read once;
 * every step, the feeds fold a digest of every sample's token ids into the step's fingerprint
   (:func:`fold_digests`), so two ranks that read the same lengths with other content disagree there.
 """
@@ -45,10 +49,8 @@ STATE_FILE = "dp_schedule_state.json"
 """The checkpoint sidecar (in the iteration folder) holding the job identity and the next step's fingerprint."""
 STATE_FORMAT = 1
 
-WHOLE_FILE_BYTES = 64 << 20
-"""Data files up to this size are hashed whole; larger ones by :data:`CHECKSUM_BLOCKS` blocks."""
-CHECKSUM_BLOCK = 64 << 10
-CHECKSUM_BLOCKS = 64
+MAX_STATE_BYTES = 16 << 20
+"""A state file larger than this is not one :func:`state_json` wrote (it holds a few short summaries)."""
 SUMMARY_CHARS = 300
 """Summaries longer than this are cut in messages (the digest still covers all of it)."""
 
@@ -132,47 +134,78 @@ def state_json(identity: JobIdentity, *, iteration: int, next_step: Mapping[str,
 
 
 def read_state(path: str | Path) -> dict[str, Any] | None:
-    """A sidecar written by :func:`state_json`, or ``None`` when there is none; ``ValueError`` if unreadable."""
+    """A sidecar written by :func:`state_json`, or ``None`` when there is none; ``ValueError`` (one line) if it
+    cannot be read as one: not UTF-8 text, too large, not JSON, nested too deep, or another shape."""
     try:
-        text = Path(path).read_text()
+        if os.path.getsize(path) > MAX_STATE_BYTES:
+            raise ValueError(f"dp-schedule: {path} is larger than {MAX_STATE_BYTES >> 20} MiB: not a dp-schedule "
+                             f"state file")
+        text = Path(path).read_bytes().decode("utf-8")
     except FileNotFoundError:
         return None
+    except UnicodeDecodeError as error:
+        raise ValueError(f"dp-schedule: {path} is not text (byte {error.start} is not UTF-8): not a dp-schedule "
+                         f"state file") from None
+    except OSError as error:
+        raise ValueError(f"dp-schedule: {path} cannot be read ({error.strerror})") from None
     try:
         state = json.loads(text)
     except json.JSONDecodeError as error:
         raise ValueError(f"dp-schedule: {path} is not valid JSON ({error})") from None
+    except RecursionError:
+        raise ValueError(f"dp-schedule: {path} is nested too deeply: not a dp-schedule state file") from None
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT or not isinstance(state.get("job"), dict):
         raise ValueError(f"dp-schedule: {path} is not a dp-schedule state file of format {STATE_FORMAT}")
     return state
 
 
 def data_files(values: Iterable[str]) -> list[str]:
-    """The files that data flag values name: an existing file as it is, an indexed-dataset prefix as its
-    ``.bin``/``.idx`` (and a ``_mask`` sidecar's); weights and other words name nothing."""
+    """The files that data flag values name, resolved: an existing file as it is, an indexed-dataset prefix as
+    its ``.bin``/``.idx`` (and a ``_mask`` sidecar's); weights and other words name nothing."""
     files: list[str] = []
     for value in values:
         if os.path.isfile(value):
-            files.append(value)
+            files.append(os.path.realpath(value))
             continue
         for prefix in (value, value + "_mask"):
-            files.extend(prefix + suffix for suffix in (".bin", ".idx") if os.path.isfile(prefix + suffix))
+            files.extend(os.path.realpath(prefix + suffix) for suffix in (".bin", ".idx")
+                         if os.path.isfile(prefix + suffix))
     return files
 
 
+def resolved_words(value: object) -> object:
+    """A data flag's value with every word that names a file or an indexed prefix resolved (absolute, links
+    followed), so the same data named relatively on one rank and absolutely on another is one value."""
+    if isinstance(value, (list, tuple)):
+        return [resolved_words(word) for word in value]
+    if isinstance(value, str) and data_files([value]):
+        return os.path.realpath(value)
+    return value
+
+
+def sizes_summary(files: Sequence[str]) -> str:
+    """The data sizes field: each file's size, in the order of ``files`` (their paths are the data paths')."""
+    return ", ".join(f"{os.path.getsize(path)} bytes" for path in files) or "-"
+
+
+def content_summary(files: Sequence[str]) -> str:
+    """The data content field: :func:`file_checksum` of each file, in the order of ``files``."""
+    return ", ".join(file_checksum(path) for path in files) or "-"
+
+
 def file_checksum(path: str | Path) -> str:
-    """A 64-bit blake2b of the file's size and content (whole up to :data:`WHOLE_FILE_BYTES`, else
-    :data:`CHECKSUM_BLOCKS` evenly spaced blocks of :data:`CHECKSUM_BLOCK` bytes, first and last included)."""
-    size = os.path.getsize(path)
-    digest = hashlib.blake2b(size.to_bytes(8, "little"), digest_size=8)
+    """A 64-bit blake2b of the file's size and every byte: the one its fresh length index recorded while
+    indexing it (:func:`megatron_dpsched.data.line_index.stored_checksum`), else read here."""
+    from megatron_dpsched.data.line_index import file_digest, stored_checksum
+
+    stored = stored_checksum(path)
+    if stored is not None:
+        return stored
+    digest = file_digest(os.path.getsize(path))
     with open(path, "rb") as handle:
-        if size <= WHOLE_FILE_BYTES:
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(chunk)
-            return digest.hexdigest()
-        for block in range(CHECKSUM_BLOCKS):
-            digest.update(os.pread(handle.fileno(), CHECKSUM_BLOCK,
-                                   (size - CHECKSUM_BLOCK) * block // (CHECKSUM_BLOCKS - 1)))
-    return f"{digest.hexdigest()} (sampled)"
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def rank_ranges(members: Sequence[int]) -> str:

@@ -5,7 +5,7 @@
   reads): a row of ``L`` ids is a sample of ``L - 1`` positions, as
   :class:`megatron_dpsched.data.TokenJsonlDataset` reads it (no torch needed here);
 * a Megatron indexed dataset ``PREFIX`` (``PREFIX.bin`` and ``PREFIX.idx``; ``PREFIX.bin`` or
-  ``PREFIX.idx`` name it too): lengths from the index, ``sequence_lengths - 1``, through megatron-core.
+  ``PREFIX.idx`` name it too): lengths from the index, ``sequence_lengths - 1``, read and checked with numpy.
 
 Every problem raises ``ValueError`` naming the file (and line), never a traceback-worthy error.
 """
@@ -71,17 +71,11 @@ def _row_length(line: str, *, path: str, line_number: int) -> int:
 
 
 def read_indexed_lengths(prefix: str) -> list[int]:
-    """Sample lengths of a Megatron indexed dataset, read from its index by megatron-core."""
-    try:
-        from megatron.core.datasets.indexed_dataset import IndexedDataset
-    except ImportError as error:
-        raise ValueError(f"reading the indexed dataset {prefix} needs megatron-core ({error})") from None
-    try:
-        dataset = IndexedDataset(prefix)
-        sizes = dataset.sequence_lengths.tolist()  # a copy: the array maps the index, closed with the dataset
-        del dataset
-    except Exception as error:  # a corrupt index raises whatever numpy or struct raise
-        raise ValueError(f"{prefix}.idx could not be read as a Megatron index ({error})") from None
+    """Sample lengths of a Megatron indexed dataset, read from its index (checked whole first, so a corrupt
+    ``.idx`` is one line: :func:`megatron_dpsched.data.indexed_file.read_index_file`)."""
+    from megatron_dpsched.data.indexed_file import read_index_file
+
+    sizes = read_index_file(prefix + ".idx").lengths.tolist()
     if len(sizes) == 0:
         raise ValueError(f"{prefix} holds no sequences")
     if min(sizes) < 2:

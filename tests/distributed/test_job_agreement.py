@@ -1,9 +1,10 @@
 """Ranks and checkpoints that disagree fail loudly: real ``torchrun`` jobs of the GPT entry point on gloo.
 
 * Same lengths, other content: rank 0 reads a corpus, rank 1 the same rows in reverse order (every row
-  21 tokens), through the same relative ``--data-path``: every rank stops before the model is built,
-  naming the data's content and the ranks. Past the start-up check (a feed in real ``train()``), the
-  step's fingerprint covers the samples' token ids: ``dp2_ranks_content`` stops in step 0.
+  21 tokens), through the same relative ``--data-path`` (resolved: two files): every rank stops before the
+  model is built, naming the data's paths and content and the ranks, not its sizes (which agree). Past the
+  start-up check (a feed in real ``train()``), the step's fingerprint covers the samples' token ids:
+  ``dp2_ranks_content`` stops in step 0.
 * ``--dp-schedule`` on rank 0 only: a clear error on every rank within seconds, not a hang.
 * Resume with another ``--data-path``: refused naming what changed; with
   ``--dp-schedule-changed-resume allow`` it trains and the log says what changed.
@@ -62,9 +63,10 @@ def test_same_lengths_other_content_stop_every_rank_before_the_model(tmp_path: P
     assert proc.returncode != 0, "the job trained on two different corpora"
     assert time.monotonic() - started < FAIL_WITHIN_S
     message = _one_message(log, "the ranks of this job disagree on")
-    assert message.startswith("the ranks of this job disagree on data content ("), message
-    assert re.search(r"ranks 0 have 'corpus.jsonl: [0-9a-f]{16}'; ranks 1 have 'corpus.jsonl: [0-9a-f]{16}'",
-                     message), message
+    assert message.startswith("the ranks of this job disagree on data paths, data content ("), message
+    assert f"ranks 0 have \"data_path=['{folders[0].resolve() / 'corpus.jsonl'}']" in message, message
+    assert re.search(r"data content: ranks 0 have '[0-9a-f]{16}'; ranks 1 have '[0-9a-f]{16}'", message), message
+    assert "data sizes" not in message
     assert log.count(message) == 2, "every rank must raise it"
     assert MODEL_BUILT not in log and "iteration        1/" not in log
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from megatron_dpsched.runtime import job_identity as ji
@@ -97,27 +99,94 @@ def test_the_state_file_round_trips(tmp_path: Path) -> None:
         ji.read_state(path)
 
 
-def test_checksums_cover_small_files_whole_and_large_files_by_blocks(tmp_path: Path, monkeypatch) -> None:
+def _reference_checksum(path: Path) -> str:
+    return hashlib.blake2b(path.stat().st_size.to_bytes(8, "little") + path.read_bytes(), digest_size=8).hexdigest()
+
+
+def test_checksums_cover_every_byte_of_any_size(tmp_path: Path) -> None:
+    """No sampled blocks: a change anywhere (an old unsampled byte, the last block, the last byte) is seen."""
     small, other = tmp_path / "small.jsonl", tmp_path / "other.jsonl"
     small.write_bytes(b"[1, 2, 3]\n[4, 5, 6]\n")
     other.write_bytes(b"[4, 5, 6]\n[1, 2, 3]\n")  # the same rows in another order: same size
     assert ji.file_checksum(small) != ji.file_checksum(other)
-    assert ji.file_checksum(small) == hashlib.blake2b(
-        small.stat().st_size.to_bytes(8, "little") + small.read_bytes(), digest_size=8).hexdigest()
-    monkeypatch.setattr(ji, "WHOLE_FILE_BYTES", 64)
-    monkeypatch.setattr(ji, "CHECKSUM_BLOCK", 4)
-    monkeypatch.setattr(ji, "CHECKSUM_BLOCKS", 3)  # bytes 0-3, the middle 4 and the last 4 of 100
-    large = tmp_path / "large.bin"
-    data = bytearray(range(100))
-    large.write_bytes(bytes(data))
-    before = ji.file_checksum(large)
-    assert before.endswith(" (sampled)")
-    data[10] ^= 1  # outside the sampled blocks: unseen
-    large.write_bytes(bytes(data))
-    assert ji.file_checksum(large) == before
-    data[48] ^= 1  # inside the middle block
-    large.write_bytes(bytes(data))
-    assert ji.file_checksum(large) != before
+    assert ji.file_checksum(small) == _reference_checksum(small)
+    large = tmp_path / "large.bin"  # over 64 MiB, which the old checksum sampled by 64 blocks of 64 KiB
+    size = (65 << 20) + 5
+    with open(large, "wb") as out:
+        out.truncate(size)
+    old_blocks = [(size - (64 << 10)) * block // 63 for block in range(64)]
+    between = old_blocks[1] - 4096
+    assert not any(start <= between < start + (64 << 10) for start in old_blocks)
+    seen = {ji.file_checksum(large)}
+    for position in (between, size - 30_000, size - 1):  # between the old blocks, in the last block, the last byte
+        with open(large, "r+b") as out:
+            os.pwrite(out.fileno(), b"\x01", position)
+        assert ji.file_checksum(large) == _reference_checksum(large)
+        seen.add(ji.file_checksum(large))
+        with open(large, "r+b") as out:
+            os.pwrite(out.fileno(), b"\x00", position)
+    assert len(seen) == 4
+
+
+def test_the_checksum_of_an_indexed_file_is_the_one_its_index_recorded(tmp_path: Path) -> None:
+    """The indexing pass folds every byte into the checksum it stores: the job identity reads that, no pass of
+    its own, and only while the index is fresh."""
+    from megatron_dpsched.data.line_index import index_path, open_index
+
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(b"[1, 2, 3]\n\n[4, 5, 6]\n")
+    index = open_index(path, kind="test", measure=lambda line, number: (2,))
+    assert index.checksum == _reference_checksum(path) == ji.file_checksum(path)
+    with np.load(index_path(path)) as stored:
+        kept = {name: stored[name] for name in stored.files}
+    with open(index_path(path), "wb") as out:
+        np.savez(out, **{**kept, "checksum": np.array("recorded")})
+    assert ji.file_checksum(path) == "recorded"  # taken from the index, not read
+    path.write_bytes(b"[1, 2, 3]\n\n[4, 5, 7]\n")  # same size, another mtime: the index is stale
+    assert ji.file_checksum(path) == _reference_checksum(path)
+
+
+def test_the_state_file_refuses_binary_huge_and_deeply_nested_content_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / ji.STATE_FILE
+    path.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+    with pytest.raises(ValueError, match=r"^dp-schedule: .*dp_schedule_state.json is not text \(byte 0 is not "
+                                         r"UTF-8\): not a dp-schedule state file$"):
+        ji.read_state(path)
+    path.write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(ValueError, match=r"^dp-schedule: .* is nested too deeply: not a dp-schedule state file$"):
+        ji.read_state(path)
+    with open(path, "wb") as out:
+        out.truncate(ji.MAX_STATE_BYTES + 1)
+    with pytest.raises(ValueError, match="is larger than 16 MiB: not a dp-schedule state file"):
+        ji.read_state(path)
+    path.unlink()
+    path.mkdir()
+    with pytest.raises(ValueError, match="cannot be read"):
+        ji.read_state(path)
+
+
+def test_paths_are_resolved_so_a_relative_and_an_absolute_name_agree(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "a.jsonl").write_text("[1, 2]\n")
+    for name in ("b.bin", "b.idx"):
+        (tmp_path / name).write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    relative = ji.resolved_words(["0.3", "a.jsonl", "0.7", "b"])
+    absolute = ji.resolved_words(["0.3", str(tmp_path / "a.jsonl"), "0.7", str(tmp_path / "b")])
+    assert relative == absolute == ["0.3", str(tmp_path.resolve() / "a.jsonl"), "0.7", str(tmp_path.resolve() / "b")]
+    assert ji.resolved_words("99,1,0") == "99,1,0" and ji.resolved_words(None) is None
+    assert ji.data_files(["a.jsonl"]) == ji.data_files([str(tmp_path / "a.jsonl")])
+    files = ji.data_files(["a.jsonl", "b"])
+    assert ji.sizes_summary(files) == "7 bytes, 0 bytes, 0 bytes"  # no paths: only sizes can differ here
+    assert ji.content_summary(files).count(", ") == 2 and "/" not in ji.content_summary(files)
+
+
+def test_only_the_field_that_differs_is_named() -> None:
+    """Another file of the same size and content (copied elsewhere) differs in its path alone."""
+    held = [identity(), identity(DATA_PATHS="data_path=['/elsewhere/a.jsonl']")]
+    message = ji.job_disagreement_message(held)
+    assert message.startswith("dp-schedule: the ranks of this job disagree on data paths (data paths: ranks 0 "
+                              "have \"data_path=['a.jsonl']\"; ranks 1 have \"data_path=['/elsewhere/a.jsonl']\")")
+    assert "data sizes" not in message and "data content" not in message
 
 
 def test_data_files_are_files_and_indexed_prefixes_not_weights(tmp_path: Path) -> None:
@@ -125,7 +194,7 @@ def test_data_files_are_files_and_indexed_prefixes_not_weights(tmp_path: Path) -
     for name in ("b.bin", "b.idx", "b_mask.bin", "b_mask.idx"):
         (tmp_path / name).write_bytes(b"")
     found = ji.data_files(["0.3", str(tmp_path / "a.jsonl"), "0.7", str(tmp_path / "b"), str(tmp_path / "none")])
-    assert found == [str(tmp_path / n) for n in ("a.jsonl", "b.bin", "b.idx", "b_mask.bin", "b_mask.idx")]
+    assert found == [str(tmp_path.resolve() / n) for n in ("a.jsonl", "b.bin", "b.idx", "b_mask.bin", "b_mask.idx")]
 
 
 def test_rank_ranges() -> None:
