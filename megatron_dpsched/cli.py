@@ -44,6 +44,8 @@ from megatron_dpsched.whatif.analysis import (
     Simulation,
     StepComparison,
     WhatIf,
+    baseline_micro_batch_size,
+    check_baseline_micro_batch_size,
     compare,
     plan_baselines,
     plan_megatron_schedulers,
@@ -145,6 +147,11 @@ def _add_layout(plan: argparse.ArgumentParser) -> None:
     caps.help += " Several caps (4096,8192,16384) compare the caps and recommend one."
     batching.add_argument("--micro-batch-size", type=POSITIVE,
                           help="static batching: samples per micro-batch (no baselines to compare with)")
+    group.add_argument("--baseline-micro-batch-size", type=POSITIVE, metavar="N",
+                       help="Megatron fixed's micro-batch size, which every speedup over it is measured against "
+                            "(default: the largest Megatron accepts whose padded micro-batch of the longest "
+                            "sample fits the cap and that leaves each rank at least --pp-size micro-batches per "
+                            "step)")
     group.add_argument("--pp-size", type=PARALLEL, default=1, help="pipeline-parallel stages (default 1)")
     group.add_argument("--vpp-size", type=PARALLEL, default=1,
                        help="virtual pipeline stages (model chunks) per pipeline rank; > 1: interleaved schedule")
@@ -357,6 +364,17 @@ def _config(args: argparse.Namespace, *, step_time_model: StepTimeModel | None =
     return config
 
 
+def _check_baseline(args: argparse.Namespace, config: ScheduleConfig) -> None:
+    """``--baseline-micro-batch-size``: with a token cap (the baselines' batching), a size Megatron accepts."""
+    size = args.baseline_micro_batch_size
+    if size is None:
+        return
+    if args.micro_batch_size is not None:
+        raise ValueError(f"--baseline-micro-batch-size {size} sizes Megatron fixed, which static batching "
+                         "(--micro-batch-size) does not compare with; give --max-tokens-per-gpu instead")
+    check_baseline_micro_batch_size(size, config=config)
+
+
 def _megatron_scheduler_plans(args: argparse.Namespace) -> dict[str, StepPlan]:
     """The step plans of the Megatron schedulers asked for, loaded from their code (a one-line error if not)."""
     asked = {"--megatron-lm-src": args.megatron_lm_src, "--megatron-hybrid-cp": args.megatron_hybrid_cp}
@@ -378,6 +396,9 @@ def _what_if(args: argparse.Namespace) -> tuple[WhatIf, str, str]:
     args = _resolve(args)
     simulation, model_source = simulation_from_flags(args)
     config = _config(args, step_time_model=_step_time_model(args, _timing(args, simulation)))
+    _check_baseline(args, config)
+    fixed_size = None if config.token_cap is None else (
+        args.baseline_micro_batch_size or baseline_micro_batch_size(lengths, config=config))
     shown = args.progress or sys.stderr.isatty()
     gbs = config.global_batch_size
     steps = len(lengths) // gbs if config.drop_last else -(-len(lengths) // gbs)
@@ -385,19 +406,22 @@ def _what_if(args: argparse.Namespace) -> tuple[WhatIf, str, str]:
         with Progress("planning", steps, enabled=shown) as bar:
             ours = plan_ours(lengths, config=config, cost_model=simulation.cost_model, tick=bar.update)
         with Progress("baselines", len(BASELINE_NAMES) if config.token_cap else 0, enabled=shown) as bar:
-            schedules = {OURS: ours, **plan_baselines(ours, tick=bar.update)}
+            baselines = plan_baselines(ours, micro_batch_size=fixed_size, tick=bar.update)
+        schedules = {OURS: ours, **baselines}
         megatron, refusals = plan_megatron_schedulers(ours, megatron_plans)
         schedules.update(megatron)
     except ArgumentError as error:
         raise _flag_error(error) from None
     try:
-        with Progress("simulating", schedules[OURS].num_steps, enabled=shown) as bar:
+        with Progress("simulating", len(schedules), enabled=shown) as bar:
             compared = compare(schedules, simulation=simulation, tick=bar.update)
     except ValueError as error:  # times out of range: a forward time of inf
         raise ValueError(f"{_timing_flag(args)}: {error}") from None
     _check_finite(compared, args)
     report = WhatIf(config=config, simulation=simulation, schedules=schedules, steps=compared,
-                    warnings=(*plan_warnings(schedules[OURS]), *refusals))
+                    warnings=(*plan_warnings(schedules[OURS]), *refusals),
+                    fixed_micro_batch_size=fixed_size,
+                    fixed_size_given=args.baseline_micro_batch_size is not None)
     return report, f"{args.input} ({kind})", model_source
 
 

@@ -24,10 +24,16 @@ raises; it is still built, and its stats and simulated step times are still meas
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 
 from megatron_dpsched.baselines.megatron_lm_rl_rewrite import megatron_lm_rl_plan
 from megatron_dpsched.baselines.nemo_rl_rewrite import nemo_rl_plan
-from megatron_dpsched.baselines.simple import global_first_fit, megatron_fixed, per_rank_first_fit
+from megatron_dpsched.baselines.simple import (
+    fixed_micro_batch_size,
+    global_first_fit,
+    megatron_fixed,
+    per_rank_first_fit,
+)
 from megatron_dpsched.baselines.slime_rewrite import slime_kk_plan, slime_strided_plan
 from megatron_dpsched.baselines.verl_rewrite import verl_plan
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
@@ -55,12 +61,14 @@ CAP_BREAKING = ("verl",)
 
 
 def build_baseline_schedule(
-    name: str, lengths: Sequence[int], *, config: ScheduleConfig, costs: Sequence[float] | None = None
+    name: str, lengths: Sequence[int], *, config: ScheduleConfig, costs: Sequence[float] | None = None,
+    micro_batch_size: int | None = None,
 ) -> DPSchedule:
     """Plan ``lengths`` the way baseline ``name`` would (token-capped config only).
 
     ``costs`` (default: the token counts) are what cost-balancing baselines balance (``"slime_kk"``);
-    ``"verl"`` always uses its own workload estimate.
+    ``"verl"`` always uses its own workload estimate. ``micro_batch_size`` sets ``"megatron_fixed"``'s
+    (default: :func:`~.simple.fixed_micro_batch_size`, found once for all steps).
     """
     if name not in PLANNERS:
         raise ValueError(f"unknown baseline {name!r}; choose from {', '.join(BASELINES)}")
@@ -74,6 +82,11 @@ def build_baseline_schedule(
         len(sizes), global_batch_size=config.global_batch_size, groups=None, drop_last=config.drop_last
     )
     planner = PLANNERS[name]
+    if name == "megatron_fixed":
+        planner = partial(megatron_fixed, micro_batch_size=micro_batch_size or fixed_micro_batch_size(
+            sizes, config=config))
+    elif micro_batch_size is not None:
+        raise ValueError(f"micro_batch_size sets megatron_fixed's micro-batches, not {name}'s")
     plans = [planner(step, sizes=sizes, costs=costs, config=config) for step in steps]
     return assemble_schedule(plans, lengths=sizes, costs=costs, groups=None, config=config, dropped=dropped)
 
