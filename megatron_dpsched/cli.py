@@ -265,6 +265,9 @@ def _add_calibrate(commands: argparse._SubParsersAction) -> None:
                                 "reduction, which waits for the slowest rank), the whole forward_backward_func, or "
                                 "the rank's work in CPU seconds of its training thread (CPU runs on shared cores)")
     calibrate.add_argument("--json", action="store_true", help="print the cost-model file instead of the report")
+    calibrate.add_argument("--accept-poor-fit", action="store_true",
+                           help="write a fit whose R^2 <= 0 or whose standard errors exceed their coefficients, "
+                                "with a warning (refused by default)")
 
 
 _LAYOUT_FLAGS = {"dp_size": "--dp-size", "global_batch_size": "--global-batch-size",
@@ -482,12 +485,21 @@ def _run_check(args: argparse.Namespace) -> int:
 
 
 def _run_calibrate(args: argparse.Namespace) -> int:
-    from megatron_dpsched.calibration import fit, read_records, samples_from_records
+    from megatron_dpsched.calibration import fit, fit_problems, load_records, samples_from_records
 
-    samples = samples_from_records(read_records(args.stats), warmup_steps=args.warmup_steps,
-                                   lengths=args.lengths, time=args.time)
+    records, places = load_records(args.stats)
+    samples = samples_from_records(records, warmup_steps=args.warmup_steps, lengths=args.lengths, time=args.time,
+                                   places=places)
     result = fit(samples, backward_factor=args.backward_factor, robust=args.robust)
-    report = {**result.report, "lengths": args.lengths, "time": args.time, "warmup_steps": args.warmup_steps}
+    problems = fit_problems(result.report)
+    if problems and not args.accept_poor_fit:
+        raise ValueError(f"{args.stats}: the fit is too poor to write: {'; '.join(problems)}. The step times are "
+                         "mostly noise to this model (other work on the machine, too few or too similar steps): "
+                         "record a longer, quieter run, or pass --accept-poor-fit to write it anyway")
+    for problem in problems:
+        print(f"{PROG}: warning: poor fit, written as --accept-poor-fit asks: {problem}", file=sys.stderr)
+    report = {**result.report, "lengths": args.lengths, "time": args.time, "warmup_steps": args.warmup_steps,
+              "poor_fit": problems}
     cost_file = dataclasses.replace(result.to_file(), fit=report)
     if args.output:
         cost_file.save(args.output)
