@@ -407,7 +407,8 @@ def _what_if(args: argparse.Namespace) -> tuple[WhatIf, str, str]:
     steps = len(lengths) // gbs if config.drop_last else -(-len(lengths) // gbs)
     try:
         with Progress("planning", steps, enabled=shown) as bar:
-            ours = plan_ours(lengths, config=config, cost_model=simulation.cost_model, tick=bar.update)
+            ours = plan_ours(lengths, config=config, cost_model=simulation.cost_model,
+                             tick=bar.update if shown else None)
         with Progress("baselines", len(BASELINE_NAMES) if config.token_cap else 0, enabled=shown) as bar:
             baselines = plan_baselines(ours, micro_batch_size=fixed_size, tick=bar.update)
         schedules = {OURS: ours, **baselines}

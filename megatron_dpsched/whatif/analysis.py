@@ -215,10 +215,13 @@ class WhatIf:
 def plan_ours(
     lengths: Sequence[int], *, config: ScheduleConfig, cost_model: CostFunction, tick: Tick | None = None
 ) -> DPSchedule:
-    """:func:`plan_schedule` a few steps at a time (``tick(steps)`` after each), merged into one plan.
+    """:func:`plan_schedule`; with ``tick``, a few steps at a time (``tick(steps)`` after each), merged into one
+    plan.
 
     Steps are planned independently, so the result equals one ``plan_schedule`` call.
     """
+    if tick is None:
+        return plan_schedule(lengths, config=config, cost_model=cost_model)
     gbs, count = config.global_batch_size, len(lengths)
     chunk = gbs * max(1, math.ceil(count / gbs / 100))
     starts = list(range(0, count, chunk))
