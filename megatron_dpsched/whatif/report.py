@@ -102,8 +102,14 @@ def against(report: WhatIf, name: str) -> str:
     size = report.fixed_micro_batch_size
     if name != "megatron_fixed" or size is None:
         return LABELS[name]
-    per_rank = report.config.global_batch_size // report.config.dp_size // size
-    return f"Megatron fixed at micro-batch size {size} ({per_rank} micro-batches per rank in a full step)"
+    return f"Megatron fixed at micro-batch size {size} ({_fixed_count(report)} per rank in a full step)"
+
+
+def _fixed_count(report: WhatIf) -> str:
+    """``4 micro-batches``: Megatron fixed's micro-batches per rank in a full step."""
+    assert report.fixed_micro_batch_size is not None, "a report with Megatron fixed"
+    count = report.config.global_batch_size // report.config.dp_size // report.fixed_micro_batch_size
+    return f"{count} micro-batch{'' if count == 1 else 'es'}"
 
 
 def header_lines(report: WhatIf, *, source: str, model_source: str, caps: Sequence[int] = ()) -> list[str]:
@@ -147,9 +153,8 @@ def _fixed_size(report: WhatIf, *, caps: Sequence[int]) -> list[str]:
     size = report.fixed_micro_batch_size
     if size is None:
         return []
-    return [f"Megatron fixed: micro-batch size {size} ({chosen}), "
-            f"{report.config.global_batch_size // report.config.dp_size // size} micro-batches per rank in a "
-            "full step; the speedups over it are against this size"]
+    return [f"Megatron fixed: micro-batch size {size} ({chosen}), {_fixed_count(report)} per rank in a full "
+            "step; the speedups over it are against this size"]
 
 
 def _strategy_json(row: StrategyStep | StrategyTotal) -> dict[str, Any]:
