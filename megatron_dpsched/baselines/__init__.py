@@ -74,8 +74,11 @@ def build_baseline_schedule(
         raise ValueError(f"unknown baseline {name!r}; choose from {', '.join(BASELINES)}")
     if config.token_cap is None:
         raise ValueError("baselines compare token-capped plans: set max_tokens_per_gpu")
-    sizes = tuple(int(n) for n in lengths)
-    costs = tuple(float(n) for n in sizes) if costs is None else tuple(float(c) for c in costs)
+    sizes = lengths if _tuple_of(lengths, int) else tuple(int(n) for n in lengths)
+    if costs is None:
+        costs = tuple(float(n) for n in sizes)
+    elif not _tuple_of(costs, float):
+        costs = tuple(float(c) for c in costs)
     if len(costs) != len(sizes):
         raise ValueError(f"costs must hold one cost per sample: got {len(costs)} for {len(sizes)} lengths")
     steps, dropped = split_steps(
@@ -89,6 +92,11 @@ def build_baseline_schedule(
         raise ValueError(f"micro_batch_size sets megatron_fixed's micro-batches, not {name}'s")
     plans = [planner(step, sizes=sizes, costs=costs, config=config) for step in steps]
     return assemble_schedule(plans, lengths=sizes, costs=costs, groups=None, config=config, dropped=dropped)
+
+
+def _tuple_of(values: Sequence[object], kind: type) -> bool:
+    """Whether ``values`` is a tuple of exactly ``kind`` (a plan's own lengths or costs: no copy needed)."""
+    return isinstance(values, tuple) and set(map(type, values)) <= {kind}
 
 
 def padded_tokens(micro_batch: Sequence[int], sizes: Sequence[int]) -> int:
