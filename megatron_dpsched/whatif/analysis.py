@@ -17,7 +17,7 @@ own contiguous slice under the cap), see :mod:`megatron_dpsched.baselines`. Per 
 The speedup over a baseline is its time / ``dpsched``'s time, per step and in total. Megatron fixed runs at
 :func:`baseline_micro_batch_size` (or the size the user gives): the speed-ups name it.
 
-Every strategy's figures of every step come from one pass over its plan in NumPy (:func:`_plan_figures`):
+Every strategy's figures of every step come from one pass over its plan in NumPy (:func:`_plan_arrays`):
 the same sums as one micro-batch at a time, the pipeline simulated for all DP ranks at once
 (:func:`~megatron_dpsched.core.steptime.rank_makespans`).
 """
@@ -365,7 +365,7 @@ def _plan_arrays(schedule: DPSchedule, *, timer: _Timer, padded: bool) -> _PlanA
         starts = np.cumsum(counts) - counts
         if sizes.size:
             longest[counts > 0] = np.maximum.reduceat(sizes, starts[counts > 0])
-        computed, pairs = counts * longest, (counts * longest * longest).astype(np.float64)
+        computed, pairs = counts * longest, counts * longest.astype(np.float64) ** 2  # floats: no int64 overflow
     else:
         computed = np.bincount(owner, weights=sizes, minlength=counts.size).astype(np.int64)
         pairs = np.bincount(owner, weights=sizes.astype(np.float64) ** 2, minlength=counts.size)
