@@ -40,6 +40,7 @@ from megatron_dpsched.options import (
 from megatron_dpsched.whatif.analysis import (
     BASELINE_NAMES,
     OURS,
+    PARALLEL_SAMPLES,
     PlanWarning,
     Simulation,
     StepComparison,
@@ -219,6 +220,9 @@ def _add_output(plan: argparse.ArgumentParser) -> None:
                        help="the step the load and timeline plots show (default: dp-schedule's slowest)")
     group.add_argument("--progress", action="store_true",
                        help="show a progress bar on stderr even when it is not a terminal")
+    group.add_argument("--jobs", type=POSITIVE, default=min(8, os.cpu_count() or 1), metavar="N",
+                       help=f"processes that plan steps at once from {PARALLEL_SAMPLES:,} samples on (the same "
+                            "plan, sooner; default: this machine's cores, at most 8)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -408,7 +412,8 @@ def _what_if(args: argparse.Namespace) -> tuple[WhatIf, str, str]:
     try:
         with Progress("planning", steps, enabled=shown) as bar:
             ours = plan_ours(lengths, config=config, cost_model=simulation.cost_model,
-                             tick=bar.update if shown else None)
+                             tick=bar.update if shown else None,
+                             jobs=args.jobs if len(lengths) >= PARALLEL_SAMPLES else 1)
         with Progress("baselines", len(BASELINE_NAMES) if config.token_cap else 0, enabled=shown) as bar:
             baselines = plan_baselines(ours, micro_batch_size=fixed_size, tick=bar.update)
         schedules = {OURS: ours, **baselines}

@@ -4,8 +4,9 @@ Per input size and layout: a length file of that many samples (seeded log-normal
 tokens, clipped to 1-32000: a long tail, some samples past the cap), then ``megatron-dpsched plan FILE ...``
 run as a user runs it (a fresh process, the table printed to a pipe that is discarded). Printed per run: the
 wall time, the CPU time (user + sys of that process: what the run costs on a shared machine) and the target
-of the size (1,000,000 samples in 10 s, 5,000,000 in 60 s). ``--phases`` also times, in this process, the
-parts of the run (reading the input, dp-schedule's planner, the baselines, the simulated comparison, the
+of the size (1,000,000 samples in 10 s, 5,000,000 in 60 s, wall time: on a shared machine, compare the CPU
+time), once per ``--jobs`` value (planning processes). ``--phases`` also times, in this process, the parts of a
+``--jobs 1`` run (reading the input, dp-schedule's planner, the baselines, the simulated comparison, the
 report) in CPU seconds::
 
     .venv/bin/python scripts/bench_whatif_speed.py                          # 1M and 5M samples, both layouts
@@ -55,12 +56,14 @@ def write_lengths(path: Path, samples: int, *, seed: int = 0) -> None:
     path.write_text("\n".join(map(str, lengths.tolist())) + "\n")
 
 
-def run_plan(path: Path, layout: str) -> tuple[float, float]:
-    """``megatron-dpsched plan`` on ``path`` in a fresh process: (wall seconds, CPU seconds)."""
+def run_plan(path: Path, layout: str, *, jobs: int) -> tuple[float, float]:
+    """``megatron-dpsched plan --jobs JOBS`` on ``path`` in a fresh process: (wall seconds, CPU seconds of it and
+    its workers)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "megatron_dpsched.cli", "plan", str(path), *LAYOUTS[layout]],
+    proc = subprocess.run([sys.executable, "-m", "megatron_dpsched.cli", "plan", str(path), *LAYOUTS[layout],
+                           "--jobs", str(jobs)],
                           env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=False)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -70,7 +73,7 @@ def run_plan(path: Path, layout: str) -> tuple[float, float]:
 
 
 def phase_times(path: Path, layout: str) -> dict[str, float]:
-    """CPU seconds of each part of one ``plan`` run in this process (the command's functions, timed)."""
+    """CPU seconds of each part of one ``plan --jobs 1`` run in this process (the command's functions, timed)."""
     from megatron_dpsched import cli
 
     spent = dict.fromkeys(PHASES.values(), 0.0)
@@ -91,7 +94,7 @@ def phase_times(path: Path, layout: str) -> dict[str, float]:
             setattr(cli, name, timed(name, function))
         start = time.process_time()
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            cli.main(["plan", str(path), *LAYOUTS[layout]])
+            cli.main(["plan", str(path), *LAYOUTS[layout], "--jobs", "1"])
         spent["whole run"] = time.process_time() - start
     finally:
         for name, function in originals.items():
@@ -103,25 +106,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=sorted(TARGETS), help="samples per input")
     parser.add_argument("--layouts", nargs="+", choices=sorted(LAYOUTS), default=list(LAYOUTS))
+    parser.add_argument("--jobs", type=int, nargs="+", default=[1, min(8, os.cpu_count() or 1)],
+                        help="plan --jobs values to time (default: 1 and the command's default)")
     parser.add_argument("--phases", action="store_true", help="also time the parts of each run (in-process)")
-    parser.add_argument("--check", action="store_true", help="exit 1 when a run's CPU time misses its target")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a run's wall time misses its target")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     missed = 0
-    print(f"{'samples':>9s} {'layout':>7s} {'wall s':>8s} {'CPU s':>8s} {'target s':>8s}  met (CPU)")
+    print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
+    print(f"{'samples':>9s} {'layout':>7s} {'jobs':>4s} {'wall s':>8s} {'CPU s':>8s} {'target s':>8s}  met (wall)")
     with tempfile.TemporaryDirectory() as folder:
         for samples in args.sizes:
             path = Path(folder) / f"lengths_{samples}.txt"
             write_lengths(path, samples)
             for layout in args.layouts:
-                wall, cpu = run_plan(path, layout)
-                goal = target(samples)
-                met = "-" if goal is None else "yes" if cpu <= goal else "NO"
-                missed += met == "NO"
-                print(f"{samples:9d} {layout:>7s} {wall:8.1f} {cpu:8.1f} {goal or 0:8.0f}  {met}", flush=True)
+                for jobs in sorted(set(args.jobs)):
+                    wall, cpu = run_plan(path, layout, jobs=jobs)
+                    goal = target(samples)
+                    met = "-" if goal is None else "yes" if wall <= goal else "NO"
+                    missed += met == "NO"
+                    print(f"{samples:9d} {layout:>7s} {jobs:4d} {wall:8.1f} {cpu:8.1f} {goal or 0:8.0f}  {met}",
+                          flush=True)
                 if args.phases:
                     parts = phase_times(path, layout)
                     print("    CPU s: " + ", ".join(f"{name} {seconds:.2f}" for name, seconds in parts.items()),

@@ -25,7 +25,8 @@ the same sums as one micro-batch at a time, the pipeline simulated for all DP ra
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+import multiprocessing
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from types import MappingProxyType
@@ -49,6 +50,7 @@ from megatron_dpsched.core.cost import CostFunction, sample_costs
 from megatron_dpsched.core.padding import pad_multiple_for, planned_sizes
 from megatron_dpsched.core.schedule import assemble_schedule
 from megatron_dpsched.core.steptime import rank_makespans
+from megatron_dpsched.core.validation import ArgumentError
 from megatron_dpsched.options import NOMINAL_FLOPS_PER_GPU
 
 OURS = "dpsched"
@@ -213,32 +215,86 @@ class WhatIf:
 
 
 def plan_ours(
-    lengths: Sequence[int], *, config: ScheduleConfig, cost_model: CostFunction, tick: Tick | None = None
+    lengths: Sequence[int], *, config: ScheduleConfig, cost_model: CostFunction, tick: Tick | None = None,
+    jobs: int = 1,
 ) -> DPSchedule:
-    """:func:`plan_schedule`; with ``tick``, a few steps at a time (``tick(steps)`` after each), merged into one
-    plan.
+    """:func:`plan_schedule`; with ``tick``, or ``jobs`` > 1 processes (forked, where the platform forks), a few
+    steps at a time (``tick(steps)`` after each), merged into one plan.
 
     Steps are planned independently, so the result equals one ``plan_schedule`` call.
     """
-    if tick is None:
+    if tick is None and jobs <= 1:
         return plan_schedule(lengths, config=config, cost_model=cost_model)
+    plans: list = []
+    dropped: list[int] = []
+    for part_plans, part_dropped in _planned_chunks(lengths, config=config, cost_model=cost_model, jobs=jobs):
+        plans.extend(part_plans)
+        dropped.extend(part_dropped)
+        if tick is not None:
+            tick(len(part_plans))
+    sizes = tuple(lengths)
+    costs = sample_costs(sizes, None if config.balance == "tokens" else cost_model)
+    return assemble_schedule(plans, lengths=sizes, costs=costs, groups=None, config=config, dropped=dropped)
+
+
+PARALLEL_SAMPLES = 100_000
+"""``megatron-dpsched plan --jobs`` plans in several processes from this many samples on (below, starting them
+costs more than it saves)."""
+_CHUNK_INPUT: tuple | None = None
+"""``(lengths, config, cost_model)`` of the chunks being planned, inherited by forked workers (nothing pickled)."""
+Chunk = tuple[list, list[int]]
+"""One chunk's step plans (sample ids of the whole input) and dropped samples."""
+
+
+def _planned_chunks(lengths: Sequence[int], *, config: ScheduleConfig, cost_model: CostFunction,
+                    jobs: int) -> Iterator[Chunk]:
+    """About 100 runs of whole steps (a ragged tail joins the run before it), planned in order, by ``jobs``
+    forked processes where there are several."""
     gbs, count = config.global_batch_size, len(lengths)
     chunk = gbs * max(1, math.ceil(count / gbs / 100))
     starts = list(range(0, count, chunk))
     if len(starts) > 1 and count - starts[-1] < gbs:  # a ragged tail is planned with the step before it
         starts.pop()
-    plans: list = []
-    dropped: list[int] = []
-    for index, start in enumerate(starts):
-        stop = starts[index + 1] if index + 1 < len(starts) else count
-        part = plan_schedule(lengths[start:stop], config=config, cost_model=cost_model)
-        plans.extend(_step_plans(part, offset=start))
-        dropped.extend(i + start for i in part.dropped)
-        if tick is not None:
-            tick(part.num_steps)
-    sizes = tuple(lengths)
-    costs = sample_costs(sizes, None if config.balance == "tokens" else cost_model)
-    return assemble_schedule(plans, lengths=sizes, costs=costs, groups=None, config=config, dropped=dropped)
+    bounds = list(zip(starts, [*starts[1:], count]))
+    global _CHUNK_INPUT
+    _CHUNK_INPUT = (lengths, config, cost_model)
+    try:
+        if jobs <= 1 or len(bounds) == 1 or "fork" not in multiprocessing.get_all_start_methods():
+            yield from map(_plan_chunk, bounds)
+            return
+        with multiprocessing.get_context("fork").Pool(min(jobs, len(bounds))) as pool:
+            for outcome in pool.imap(_plan_chunk_reporting, bounds):
+                yield _raised(outcome)
+    finally:
+        _CHUNK_INPUT = None
+
+
+def _plan_chunk(bounds: tuple[int, int]) -> Chunk:
+    """Steps ``lengths[start:stop]`` of :data:`_CHUNK_INPUT`, planned; sample ids of the whole input."""
+    assert _CHUNK_INPUT is not None, "set by _planned_chunks"
+    lengths, config, cost_model = _CHUNK_INPUT
+    start, stop = bounds
+    part = plan_schedule(lengths[start:stop], config=config, cost_model=cost_model)
+    return _step_plans(part, offset=start), [i + start for i in part.dropped]
+
+
+def _plan_chunk_reporting(bounds: tuple[int, int]) -> Chunk | tuple[str, str | None]:
+    """:func:`_plan_chunk` in a worker: a planner error comes back as ``(message, argument)`` (an
+    :class:`ArgumentError`'s ``argument`` does not survive pickling)."""
+    try:
+        return _plan_chunk(bounds)
+    except ArgumentError as error:
+        return str(error), error.argument
+    except ValueError as error:
+        return str(error), None
+
+
+def _raised(outcome: Chunk | tuple[str, str | None]) -> Chunk:
+    """A worker's chunk, or its error raised here as the planner raised it."""
+    if isinstance(outcome[0], str):
+        message, argument = outcome
+        raise ValueError(message) if argument is None else ArgumentError(message, argument=argument)
+    return outcome
 
 
 def _step_plans(schedule: DPSchedule, *, offset: int) -> list[list[list[int]]]:

@@ -1,6 +1,6 @@
 """The what-if comparison's figures (computed for a whole plan at once) equal a micro-batch-at-a-time restatement:
 each micro-batch's collated sizes, its forward time by ``StepTimeModel.forward_time``, every step simulated by
-``simulate_step``."""
+``simulate_step``; planning in several processes gives the plan of one."""
 
 from __future__ import annotations
 
@@ -8,8 +8,17 @@ import random
 
 import pytest
 
-from megatron_dpsched.core import ScheduleConfig, simulate_step
-from megatron_dpsched.whatif.analysis import OURS, Simulation, compare, is_padded, plan_strategies
+from megatron_dpsched.core import ScheduleConfig, plan_schedule, simulate_step
+from megatron_dpsched.core.validation import ArgumentError
+from megatron_dpsched.whatif.analysis import (
+    OURS,
+    Simulation,
+    _raised,
+    compare,
+    is_padded,
+    plan_ours,
+    plan_strategies,
+)
 from megatron_dpsched.whatif.model import DEFAULT_MODEL
 
 
@@ -64,3 +73,22 @@ def test_every_step_of_every_strategy_matches_the_restatement(layout: dict, coll
                 k: v for k, v in expected.items() if k not in floats}, (name, step.step)
             assert [got[k] for k in floats] == pytest.approx([expected[k] for k in floats], rel=1e-12, abs=1e-15)
             assert row.tokens == sum(expected["rank_tokens"]) and row.padding == sum(expected["rank_padding"])
+
+
+def test_planning_in_several_processes_gives_the_same_plan() -> None:
+    rng = random.Random(5)
+    lengths = [rng.randint(1, 3000) for _ in range(64 * 40 + 17)]  # 40 steps and a ragged tail
+    config = ScheduleConfig(dp_size=8, global_batch_size=64, max_tokens_per_gpu=4096, pp_size=2)
+    alone = plan_schedule(lengths, config=config, cost_model=DEFAULT_MODEL)
+    ticks: list[int] = []
+    shared = plan_ours(lengths, config=config, cost_model=DEFAULT_MODEL, jobs=2, tick=ticks.append)
+    assert shared.to_dict() == alone.to_dict()
+    assert sum(ticks) == alone.num_steps == 41 and len(ticks) > 1
+
+
+def test_a_workers_planner_error_is_raised_as_the_planner_raised_it() -> None:
+    with pytest.raises(ArgumentError, match="^dp_size=9 is larger") as caught:
+        _raised(("dp_size=9 is larger than the 8 samples of the largest step", "dp_size"))
+    assert caught.value.argument == "dp_size"
+    with pytest.raises(ValueError, match="^lengths holds"):
+        _raised(("lengths holds 3 samples", None))
