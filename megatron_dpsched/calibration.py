@@ -97,11 +97,17 @@ class CalibrationFit:
 def read_records(path: str | Path) -> list[dict[str, Any]]:
     """Step records of a ``--step-stats-dir`` folder (every ``rank*.jsonl``) or of one JSONL file; a second
     record of one (rank, step) is refused naming both places (two runs recorded into one folder)."""
+    return load_records(path)[0]
+
+
+def load_records(path: str | Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """:func:`read_records`' records and where each is (``file:line``, for the checks' messages)."""
     source = Path(path)
     files = sorted(source.glob("rank*.jsonl")) if source.is_dir() else [source]
     if not files or not files[0].exists():
         raise ValueError(f"{path}: no step records (a --step-stats-dir folder of rank*.jsonl files, or one file)")
     records: list[dict[str, Any]] = []
+    places: list[str] = []
     seen: dict[tuple[Any, Any], str] = {}
     for file in files:
         try:
@@ -114,8 +120,11 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
                     records.append(json.loads(line))
                 except json.JSONDecodeError as error:
                     raise ValueError(f"{file}:{number} is not a JSON step record ({error.msg})") from None
-                _check_once(records[-1], seen, where=f"{file}:{number}")
-    return records
+                except RecursionError:
+                    raise ValueError(f"{file}:{number} nests JSON too deeply to be a step record") from None
+                places.append(f"{file}:{number}")
+                _check_once(records[-1], seen, where=places[-1])
+    return records, places
 
 
 def _check_once(record: object, seen: dict[tuple[Any, Any], str], *, where: str) -> None:
@@ -137,9 +146,11 @@ def _rank_step(record: object) -> tuple[Any, Any] | None:
 
 
 def samples_from_records(
-    records: Iterable[Mapping[str, Any]], *, warmup_steps: int = 2, lengths: str = "real", time: str = "compute"
+    records: Iterable[Mapping[str, Any]], *, warmup_steps: int = 2, lengths: str = "real", time: str = "compute",
+    places: Sequence[str] | None = None,
 ) -> list[StepSample]:
-    """The fit's samples: PP=1 records from step ``warmup_steps`` on."""
+    """The fit's samples: PP=1 records from step ``warmup_steps`` on; an impossible record is refused naming
+    its place (``places[i]``, :func:`load_records`' ``file:line``; default ``step record i``)."""
     if lengths not in LENGTH_FIGURES:
         raise ValueError(f"--lengths must be one of {', '.join(LENGTH_FIGURES)}, got {lengths!r}")
     if time not in TIME_FIELDS:
@@ -149,16 +160,18 @@ def samples_from_records(
     samples = []
     seen: dict[tuple[Any, Any], str] = {}
     for index, record in enumerate(records):
-        _check_once(record, seen, where=f"step record {index}")
+        where = places[index] if places is not None else f"step record {index}"
+        _check_once(record, seen, where=where)
         if not isinstance(record, Mapping):
-            raise ValueError(f"step record {index} is a {type(record).__name__}, not a JSON object")
+            raise ValueError(f"{where} is a {type(record).__name__}, not a JSON object")
         missing = [name for name in fields if record.get(name) is None]
         if missing:
-            raise ValueError(f"step record {index} has no {missing[0]!r}: records from an older version or a step "
+            raise ValueError(f"{where} has no {missing[0]!r}: records from an older version or a step "
                              "that did not run forward_backward_func; record again with --step-stats-dir")
-        _check_record(index, record, counts=fields[:5], seconds=fields[5])
+        _check_record(where, record, counts=fields[:5], seconds=fields[5])
+        _check_possible(where, record, figures=(tokens, squares))
         if record.get("pp_size", 1) != 1:
-            raise ValueError(f"step record {index} is from a run with pp_size={record['pp_size']!r}; calibrate fits "
+            raise ValueError(f"{where} is from a run with pp_size={record['pp_size']!r}; calibrate fits "
                              "PP=1 runs (pipeline bubbles depend on the order), record a PP=1 run")
         if record["step"] >= warmup_steps:
             samples.append(StepSample(rank=record["rank"], step=record["step"], tokens=record[tokens],
@@ -172,20 +185,52 @@ MAX_FIGURE = 2.0**63
 """Figures above this are not step figures (and would overflow the fit's floats)."""
 
 
-def _check_record(index: int, record: Mapping[str, Any], *, counts: Sequence[str], seconds: str) -> None:
+def _check_record(where: str, record: Mapping[str, Any], *, counts: Sequence[str], seconds: str) -> None:
     """Counts are integers >= 0, the time a finite number >= 0, the per-micro-batch rows lists of such."""
     for name in counts:
         value = record[name]
-        if not is_int(value) or not 0 <= value < MAX_FIGURE:
-            raise ValueError(f"step record {index}: {name} must be an integer >= 0, got {_short(value)}")
+        if not _is_count(value):
+            raise ValueError(f"{where}: {name} must be an integer >= 0, got {_short(value)}")
     if not _is_seconds(record[seconds]):
-        raise ValueError(f"step record {index}: {seconds} must be a finite number of seconds >= 0, "
+        raise ValueError(f"{where}: {seconds} must be a finite number of seconds >= 0, "
                          f"got {_short(record[seconds])}")
-    for name, width, check in (("micro_batch_figures", 4, is_int), ("micro_batch_seconds", 2, _is_seconds)):
+    for name, width, check in (("micro_batch_figures", 4, _is_count), ("micro_batch_seconds", 2, _is_seconds)):
         rows = record.get(name)
         if rows is not None and (not isinstance(rows, list) or not all(
                 isinstance(row, list) and len(row) >= width and all(check(v) for v in row) for row in rows)):
-            raise ValueError(f"step record {index}: {name} must be a list of rows of {width} or more numbers")
+            raise ValueError(f"{where}: {name} must be a list of rows of {width} or more numbers >= 0"
+                             f"{_first_bad(rows, check)}")
+
+
+def _first_bad(rows: object, check: Any) -> str:
+    """``(row 2 holds -5)``: the first value of ``rows`` that ``check`` refuses, where there is one."""
+    for number, row in enumerate(rows if isinstance(rows, list) else []):
+        for value in row if isinstance(row, list) else []:
+            if not check(value):
+                return f" (row {number} holds {_short(value)})"
+    return ""
+
+
+def _check_possible(where: str, record: Mapping[str, Any], *, figures: tuple[str, str]) -> None:
+    """Refuse figures no step can have: a sum of squared lengths below the token count (every sample of ``n``
+    tokens adds ``n^2 >= n``), in the record or in a per-micro-batch row, and tokens without a micro-batch."""
+    tokens, squares = figures
+    pairs = [(f"{tokens} {record[tokens]}", f"{squares} {record[squares]}", record[tokens], record[squares])]
+    for number, row in enumerate(record.get("micro_batch_figures") or []):
+        pairs += [(f"micro_batch_figures row {number}: tokens {row[t]}", f"sum of squares {row[s]}", row[t], row[s])
+                  for t, s in PART_COLUMNS.values()]
+    for token_text, square_text, total, square in pairs:
+        if square < total:
+            raise ValueError(f"{where}: {square_text} is below the token count ({token_text}): no step has that, "
+                             "every sample of n tokens adds n^2 >= n to it; these are not records --step-stats-dir "
+                             "writes")
+    if record[tokens] > 0 and record["micro_batches"] == 0:
+        raise ValueError(f"{where}: {tokens} {record[tokens]} in 0 micro-batches: no step trains tokens without a "
+                         "micro-batch; these are not records --step-stats-dir writes")
+
+
+def _is_count(value: object) -> bool:
+    return is_int(value) and 0 <= value < MAX_FIGURE
 
 
 def _short(value: object) -> str:
@@ -237,7 +282,8 @@ def fit(
                           backward_factor=backward_factor)
     report = {**fit_report(CalibrationFit(step_time_model=model, report={}), usable), "robust": robust,
               "rows": "micro-batch" if len(rows) > len(usable) else "step", "n_rows": len(rows),
-              "standard_errors": standard_errors(rows, targets, coefficients)}
+              "standard_errors": standard_errors(rows, targets, coefficients),
+              "coefficients": dict(zip(COEFFICIENTS, (a, b, c), strict=True))}
     return CalibrationFit(step_time_model=model, report=report)
 
 
@@ -383,6 +429,21 @@ def fit_report(model: CalibrationFit, samples: Sequence[StepSample]) -> dict[str
         "rank_relative_errors": {str(rank): {"mean": statistics.fmean(e), "max": max(e)}
                                  for rank, e in sorted(by_rank.items())},
     }
+
+
+def fit_problems(report: Mapping[str, Any]) -> list[str]:
+    """Why a fit should not be trusted: an R^2 <= 0 (it predicts the step times no better than their mean)
+    and every coefficient whose standard error exceeds it (the records do not pin it down)."""
+    problems = []
+    r_squared = report.get("r_squared")
+    if r_squared is not None and r_squared <= 0:
+        problems.append(f"R^2 {r_squared:.3g} <= 0 (mean relative error {report['mean_relative_error']:.0%}): it "
+                        "predicts the step times no better than their mean")
+    coefficients = report.get("coefficients", {})
+    for name, error in report.get("standard_errors", {}).items():
+        if error is not None and error > coefficients.get(name, math.inf):
+            problems.append(f"{name} {coefficients[name]:.3g} +- {error:.2g}: its standard error exceeds it")
+    return problems
 
 
 def _huber_weights(residuals: Sequence[float]) -> list[float]:

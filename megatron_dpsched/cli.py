@@ -40,10 +40,13 @@ from megatron_dpsched.options import (
 from megatron_dpsched.whatif.analysis import (
     BASELINE_NAMES,
     OURS,
+    PARALLEL_SAMPLES,
     PlanWarning,
     Simulation,
     StepComparison,
     WhatIf,
+    baseline_micro_batch_size,
+    check_baseline_micro_batch_size,
     compare,
     plan_baselines,
     plan_megatron_schedulers,
@@ -145,6 +148,11 @@ def _add_layout(plan: argparse.ArgumentParser) -> None:
     caps.help += " Several caps (4096,8192,16384) compare the caps and recommend one."
     batching.add_argument("--micro-batch-size", type=POSITIVE,
                           help="static batching: samples per micro-batch (no baselines to compare with)")
+    group.add_argument("--baseline-micro-batch-size", type=POSITIVE, metavar="N",
+                       help="Megatron fixed's micro-batch size, which every speedup over it is measured against "
+                            "(default: the largest Megatron accepts whose padded micro-batch of the longest "
+                            "sample fits the cap and that leaves each rank at least --pp-size micro-batches per "
+                            "step)")
     group.add_argument("--pp-size", type=PARALLEL, default=1, help="pipeline-parallel stages (default 1)")
     group.add_argument("--vpp-size", type=PARALLEL, default=1,
                        help="virtual pipeline stages (model chunks) per pipeline rank; > 1: interleaved schedule")
@@ -212,6 +220,9 @@ def _add_output(plan: argparse.ArgumentParser) -> None:
                        help="the step the load and timeline plots show (default: dp-schedule's slowest)")
     group.add_argument("--progress", action="store_true",
                        help="show a progress bar on stderr even when it is not a terminal")
+    group.add_argument("--jobs", type=POSITIVE, default=min(8, os.cpu_count() or 1), metavar="N",
+                       help=f"processes that plan steps at once from {PARALLEL_SAMPLES:,} samples on (the same "
+                            "plan, sooner; default: this machine's cores, at most 8)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -258,6 +269,9 @@ def _add_calibrate(commands: argparse._SubParsersAction) -> None:
                                 "reduction, which waits for the slowest rank), the whole forward_backward_func, or "
                                 "the rank's work in CPU seconds of its training thread (CPU runs on shared cores)")
     calibrate.add_argument("--json", action="store_true", help="print the cost-model file instead of the report")
+    calibrate.add_argument("--accept-poor-fit", action="store_true",
+                           help="write a fit whose R^2 <= 0 or whose standard errors exceed their coefficients, "
+                                "with a warning (refused by default)")
 
 
 _LAYOUT_FLAGS = {"dp_size": "--dp-size", "global_batch_size": "--global-batch-size",
@@ -357,6 +371,17 @@ def _config(args: argparse.Namespace, *, step_time_model: StepTimeModel | None =
     return config
 
 
+def _check_baseline(args: argparse.Namespace, config: ScheduleConfig) -> None:
+    """``--baseline-micro-batch-size``: with a token cap (the baselines' batching), a size Megatron accepts."""
+    size = args.baseline_micro_batch_size
+    if size is None:
+        return
+    if args.micro_batch_size is not None:
+        raise ValueError(f"--baseline-micro-batch-size {size} sizes Megatron fixed, which static batching "
+                         "(--micro-batch-size) does not compare with; give --max-tokens-per-gpu instead")
+    check_baseline_micro_batch_size(size, config=config)
+
+
 def _megatron_scheduler_plans(args: argparse.Namespace) -> dict[str, StepPlan]:
     """The step plans of the Megatron schedulers asked for, loaded from their code (a one-line error if not)."""
     asked = {"--megatron-lm-src": args.megatron_lm_src, "--megatron-hybrid-cp": args.megatron_hybrid_cp}
@@ -378,26 +403,34 @@ def _what_if(args: argparse.Namespace) -> tuple[WhatIf, str, str]:
     args = _resolve(args)
     simulation, model_source = simulation_from_flags(args)
     config = _config(args, step_time_model=_step_time_model(args, _timing(args, simulation)))
+    _check_baseline(args, config)
+    fixed_size = None if config.token_cap is None else (
+        args.baseline_micro_batch_size or baseline_micro_batch_size(lengths, config=config))
     shown = args.progress or sys.stderr.isatty()
     gbs = config.global_batch_size
     steps = len(lengths) // gbs if config.drop_last else -(-len(lengths) // gbs)
     try:
         with Progress("planning", steps, enabled=shown) as bar:
-            ours = plan_ours(lengths, config=config, cost_model=simulation.cost_model, tick=bar.update)
+            ours = plan_ours(lengths, config=config, cost_model=simulation.cost_model,
+                             tick=bar.update if shown else None,
+                             jobs=args.jobs if len(lengths) >= PARALLEL_SAMPLES else 1)
         with Progress("baselines", len(BASELINE_NAMES) if config.token_cap else 0, enabled=shown) as bar:
-            schedules = {OURS: ours, **plan_baselines(ours, tick=bar.update)}
+            baselines = plan_baselines(ours, micro_batch_size=fixed_size, tick=bar.update)
+        schedules = {OURS: ours, **baselines}
         megatron, refusals = plan_megatron_schedulers(ours, megatron_plans)
         schedules.update(megatron)
     except ArgumentError as error:
         raise _flag_error(error) from None
     try:
-        with Progress("simulating", schedules[OURS].num_steps, enabled=shown) as bar:
+        with Progress("simulating", len(schedules), enabled=shown) as bar:
             compared = compare(schedules, simulation=simulation, tick=bar.update)
     except ValueError as error:  # times out of range: a forward time of inf
         raise ValueError(f"{_timing_flag(args)}: {error}") from None
     _check_finite(compared, args)
     report = WhatIf(config=config, simulation=simulation, schedules=schedules, steps=compared,
-                    warnings=(*plan_warnings(schedules[OURS]), *refusals))
+                    warnings=(*plan_warnings(schedules[OURS]), *refusals),
+                    fixed_micro_batch_size=fixed_size,
+                    fixed_size_given=args.baseline_micro_batch_size is not None)
     return report, f"{args.input} ({kind})", model_source
 
 
@@ -458,12 +491,21 @@ def _run_check(args: argparse.Namespace) -> int:
 
 
 def _run_calibrate(args: argparse.Namespace) -> int:
-    from megatron_dpsched.calibration import fit, read_records, samples_from_records
+    from megatron_dpsched.calibration import fit, fit_problems, load_records, samples_from_records
 
-    samples = samples_from_records(read_records(args.stats), warmup_steps=args.warmup_steps,
-                                   lengths=args.lengths, time=args.time)
+    records, places = load_records(args.stats)
+    samples = samples_from_records(records, warmup_steps=args.warmup_steps, lengths=args.lengths, time=args.time,
+                                   places=places)
     result = fit(samples, backward_factor=args.backward_factor, robust=args.robust)
-    report = {**result.report, "lengths": args.lengths, "time": args.time, "warmup_steps": args.warmup_steps}
+    problems = fit_problems(result.report)
+    if problems and not args.accept_poor_fit:
+        raise ValueError(f"{args.stats}: the fit is too poor to write: {'; '.join(problems)}. The step times are "
+                         "mostly noise to this model (other work on the machine, too few or too similar steps): "
+                         "record a longer, quieter run, or pass --accept-poor-fit to write it anyway")
+    for problem in problems:
+        print(f"{PROG}: warning: poor fit, written as --accept-poor-fit asks: {problem}", file=sys.stderr)
+    report = {**result.report, "lengths": args.lengths, "time": args.time, "warmup_steps": args.warmup_steps,
+              "poor_fit": problems}
     cost_file = dataclasses.replace(result.to_file(), fit=report)
     if args.output:
         cost_file.save(args.output)

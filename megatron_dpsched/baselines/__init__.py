@@ -24,10 +24,16 @@ raises; it is still built, and its stats and simulated step times are still meas
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 
 from megatron_dpsched.baselines.megatron_lm_rl_rewrite import megatron_lm_rl_plan
 from megatron_dpsched.baselines.nemo_rl_rewrite import nemo_rl_plan
-from megatron_dpsched.baselines.simple import global_first_fit, megatron_fixed, per_rank_first_fit
+from megatron_dpsched.baselines.simple import (
+    fixed_micro_batch_size,
+    global_first_fit,
+    megatron_fixed,
+    per_rank_first_fit,
+)
 from megatron_dpsched.baselines.slime_rewrite import slime_kk_plan, slime_strided_plan
 from megatron_dpsched.baselines.verl_rewrite import verl_plan
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
@@ -55,27 +61,42 @@ CAP_BREAKING = ("verl",)
 
 
 def build_baseline_schedule(
-    name: str, lengths: Sequence[int], *, config: ScheduleConfig, costs: Sequence[float] | None = None
+    name: str, lengths: Sequence[int], *, config: ScheduleConfig, costs: Sequence[float] | None = None,
+    micro_batch_size: int | None = None,
 ) -> DPSchedule:
     """Plan ``lengths`` the way baseline ``name`` would (token-capped config only).
 
     ``costs`` (default: the token counts) are what cost-balancing baselines balance (``"slime_kk"``);
-    ``"verl"`` always uses its own workload estimate.
+    ``"verl"`` always uses its own workload estimate. ``micro_batch_size`` sets ``"megatron_fixed"``'s
+    (default: :func:`~.simple.fixed_micro_batch_size`, found once for all steps).
     """
     if name not in PLANNERS:
         raise ValueError(f"unknown baseline {name!r}; choose from {', '.join(BASELINES)}")
     if config.token_cap is None:
         raise ValueError("baselines compare token-capped plans: set max_tokens_per_gpu")
-    sizes = tuple(int(n) for n in lengths)
-    costs = tuple(float(n) for n in sizes) if costs is None else tuple(float(c) for c in costs)
+    sizes = lengths if _tuple_of(lengths, int) else tuple(int(n) for n in lengths)
+    if costs is None:
+        costs = tuple(float(n) for n in sizes)
+    elif not _tuple_of(costs, float):
+        costs = tuple(float(c) for c in costs)
     if len(costs) != len(sizes):
         raise ValueError(f"costs must hold one cost per sample: got {len(costs)} for {len(sizes)} lengths")
     steps, dropped = split_steps(
         len(sizes), global_batch_size=config.global_batch_size, groups=None, drop_last=config.drop_last
     )
     planner = PLANNERS[name]
+    if name == "megatron_fixed":
+        planner = partial(megatron_fixed, micro_batch_size=micro_batch_size or fixed_micro_batch_size(
+            sizes, config=config))
+    elif micro_batch_size is not None:
+        raise ValueError(f"micro_batch_size sets megatron_fixed's micro-batches, not {name}'s")
     plans = [planner(step, sizes=sizes, costs=costs, config=config) for step in steps]
     return assemble_schedule(plans, lengths=sizes, costs=costs, groups=None, config=config, dropped=dropped)
+
+
+def _tuple_of(values: Sequence[object], kind: type) -> bool:
+    """Whether ``values`` is a tuple of exactly ``kind`` (a plan's own lengths or costs: no copy needed)."""
+    return isinstance(values, tuple) and set(map(type, values)) <= {kind}
 
 
 def padded_tokens(micro_batch: Sequence[int], sizes: Sequence[int]) -> int:

@@ -28,11 +28,12 @@ def fixed_micro_batch_size(sizes: Sequence[int], *, config: ScheduleConfig) -> i
 
 
 def megatron_fixed(
-    step: list[int], *, sizes: Sequence[int], costs: Sequence[float], config: ScheduleConfig
+    step: list[int], *, sizes: Sequence[int], costs: Sequence[float], config: ScheduleConfig,
+    micro_batch_size: int | None = None,
 ) -> list[RankPlan]:
     """Megatron's fixed micro-batch size: each rank cuts its contiguous slice into micro-batches
-    of :func:`fixed_micro_batch_size` samples."""
-    micro_batch_size = fixed_micro_batch_size(sizes, config=config)
+    of ``micro_batch_size`` samples (default: :func:`fixed_micro_batch_size`)."""
+    micro_batch_size = micro_batch_size or fixed_micro_batch_size(sizes, config=config)
     slices = rank_slices(step, config.dp_size)
     count = config.layout.align(max(math.ceil(len(s) / micro_batch_size) for s in slices))
     plans = []

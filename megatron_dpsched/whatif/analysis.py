@@ -14,15 +14,24 @@ own contiguous slice under the cap), see :mod:`megatron_dpsched.baselines`. Per 
 * seconds: the step's forward-backward simulated by :func:`~megatron_dpsched.core.simulate_step`
   (Megatron's op order per pipeline stage; the slowest DP rank sets the step time).
 
-The speedup over a baseline is its time / ``dpsched``'s time, per step and in total.
+The speedup over a baseline is its time / ``dpsched``'s time, per step and in total. Megatron fixed runs at
+:func:`baseline_micro_batch_size` (or the size the user gives): the speed-ups name it.
+
+Every strategy's figures of every step come from one pass over its plan in NumPy (:func:`_plan_arrays`):
+the same sums as one micro-batch at a time, the pipeline simulated for all DP ranks at once
+(:func:`~megatron_dpsched.core.steptime.rank_makespans`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+import multiprocessing
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from types import MappingProxyType
+
+import numpy as np
 
 from megatron_dpsched.baselines import build_baseline_schedule
 from megatron_dpsched.baselines.megatron_schedulers import SchedulerRefused, StepPlan, build_scheduler_schedule
@@ -40,6 +49,8 @@ from megatron_dpsched.core import (
 from megatron_dpsched.core.cost import CostFunction, sample_costs
 from megatron_dpsched.core.padding import pad_multiple_for, planned_sizes
 from megatron_dpsched.core.schedule import assemble_schedule
+from megatron_dpsched.core.steptime import rank_makespans
+from megatron_dpsched.core.validation import ArgumentError
 from megatron_dpsched.options import NOMINAL_FLOPS_PER_GPU
 
 OURS = "dpsched"
@@ -162,6 +173,11 @@ class WhatIf:
     schedules: Mapping[str, DPSchedule]
     steps: tuple[StepComparison, ...]
     warnings: tuple[PlanWarning, ...]
+    fixed_micro_batch_size: int | None = None
+    """Megatron fixed's micro-batch size (``None``: not compared, no token cap)."""
+    fixed_size_given: bool = False
+    """Whether the user gave ``fixed_micro_batch_size`` (``--baseline-micro-batch-size``) or the default rule
+    (:func:`baseline_micro_batch_size`) chose it."""
 
     @property
     def strategies(self) -> tuple[str, ...]:
@@ -185,12 +201,11 @@ class WhatIf:
         """Sum of ``baseline``'s step times / sum of ``dpsched``'s."""
         return self.total(baseline).seconds / self.total(OURS).seconds
 
-    @property
-    def fixed_micro_batch_size(self) -> int | None:
-        """The micro-batch size of Megatron fixed (None without a token cap: no baselines)."""
-        if "megatron_fixed" not in self.schedules:
-            return None
-        return fixed_micro_batch_size(self.schedules[OURS].lengths, config=self.config)
+    def label(self, name: str) -> str:
+        """Strategy ``name`` as the report names it: Megatron fixed with its micro-batch size."""
+        if name == "megatron_fixed" and self.fixed_micro_batch_size is not None:
+            return f"{LABELS[name]}, mbs {self.fixed_micro_batch_size}"
+        return LABELS[name]
 
     @property
     def slowest_step(self) -> int:
@@ -200,29 +215,86 @@ class WhatIf:
 
 
 def plan_ours(
-    lengths: Sequence[int], *, config: ScheduleConfig, cost_model: CostFunction, tick: Tick | None = None
+    lengths: Sequence[int], *, config: ScheduleConfig, cost_model: CostFunction, tick: Tick | None = None,
+    jobs: int = 1,
 ) -> DPSchedule:
-    """:func:`plan_schedule` a few steps at a time (``tick(steps)`` after each), merged into one plan.
+    """:func:`plan_schedule`; with ``tick``, or ``jobs`` > 1 processes (forked, where the platform forks), a few
+    steps at a time (``tick(steps)`` after each), merged into one plan.
 
     Steps are planned independently, so the result equals one ``plan_schedule`` call.
     """
+    if tick is None and jobs <= 1:
+        return plan_schedule(lengths, config=config, cost_model=cost_model)
+    plans: list = []
+    dropped: list[int] = []
+    for part_plans, part_dropped in _planned_chunks(lengths, config=config, cost_model=cost_model, jobs=jobs):
+        plans.extend(part_plans)
+        dropped.extend(part_dropped)
+        if tick is not None:
+            tick(len(part_plans))
+    sizes = tuple(lengths)
+    costs = sample_costs(sizes, None if config.balance == "tokens" else cost_model)
+    return assemble_schedule(plans, lengths=sizes, costs=costs, groups=None, config=config, dropped=dropped)
+
+
+PARALLEL_SAMPLES = 100_000
+"""``megatron-dpsched plan --jobs`` plans in several processes from this many samples on (below, starting them
+costs more than it saves)."""
+_CHUNK_INPUT: tuple | None = None
+"""``(lengths, config, cost_model)`` of the chunks being planned, inherited by forked workers (nothing pickled)."""
+Chunk = tuple[list, list[int]]
+"""One chunk's step plans (sample ids of the whole input) and dropped samples."""
+
+
+def _planned_chunks(lengths: Sequence[int], *, config: ScheduleConfig, cost_model: CostFunction,
+                    jobs: int) -> Iterator[Chunk]:
+    """About 100 runs of whole steps (a ragged tail joins the run before it), planned in order, by ``jobs``
+    forked processes where there are several."""
     gbs, count = config.global_batch_size, len(lengths)
     chunk = gbs * max(1, math.ceil(count / gbs / 100))
     starts = list(range(0, count, chunk))
     if len(starts) > 1 and count - starts[-1] < gbs:  # a ragged tail is planned with the step before it
         starts.pop()
-    plans: list = []
-    dropped: list[int] = []
-    for index, start in enumerate(starts):
-        stop = starts[index + 1] if index + 1 < len(starts) else count
-        part = plan_schedule(lengths[start:stop], config=config, cost_model=cost_model)
-        plans.extend(_step_plans(part, offset=start))
-        dropped.extend(i + start for i in part.dropped)
-        if tick is not None:
-            tick(part.num_steps)
-    sizes = tuple(lengths)
-    costs = sample_costs(sizes, None if config.balance == "tokens" else cost_model)
-    return assemble_schedule(plans, lengths=sizes, costs=costs, groups=None, config=config, dropped=dropped)
+    bounds = list(zip(starts, [*starts[1:], count]))
+    global _CHUNK_INPUT
+    _CHUNK_INPUT = (lengths, config, cost_model)
+    try:
+        if jobs <= 1 or len(bounds) == 1 or "fork" not in multiprocessing.get_all_start_methods():
+            yield from map(_plan_chunk, bounds)
+            return
+        with multiprocessing.get_context("fork").Pool(min(jobs, len(bounds))) as pool:
+            for outcome in pool.imap(_plan_chunk_reporting, bounds):
+                yield _raised(outcome)
+    finally:
+        _CHUNK_INPUT = None
+
+
+def _plan_chunk(bounds: tuple[int, int]) -> Chunk:
+    """Steps ``lengths[start:stop]`` of :data:`_CHUNK_INPUT`, planned; sample ids of the whole input."""
+    assert _CHUNK_INPUT is not None, "set by _planned_chunks"
+    lengths, config, cost_model = _CHUNK_INPUT
+    start, stop = bounds
+    part = plan_schedule(lengths[start:stop], config=config, cost_model=cost_model)
+    return _step_plans(part, offset=start), [i + start for i in part.dropped]
+
+
+def _plan_chunk_reporting(bounds: tuple[int, int]) -> Chunk | tuple[str, str | None]:
+    """:func:`_plan_chunk` in a worker: a planner error comes back as ``(message, argument)`` (an
+    :class:`ArgumentError`'s ``argument`` does not survive pickling)."""
+    try:
+        return _plan_chunk(bounds)
+    except ArgumentError as error:
+        return str(error), error.argument
+    except ValueError as error:
+        return str(error), None
+
+
+def _raised(outcome: Chunk | tuple[str, str | None]) -> Chunk:
+    """A worker's chunk, or its error raised here as the planner raised it."""
+    if isinstance(outcome[0], str):
+        message, argument = outcome
+        raise ValueError(message) if argument is None else ArgumentError(message, argument=argument)
+    return outcome
 
 
 def _step_plans(schedule: DPSchedule, *, offset: int) -> list[list[list[int]]]:
@@ -234,12 +306,40 @@ def _step_plans(schedule: DPSchedule, *, offset: int) -> list[list[list[int]]]:
     ]
 
 
-def plan_baselines(ours: DPSchedule, *, tick: Tick | None = None) -> dict[str, DPSchedule]:
-    """With a token cap, each baseline's plan of the same samples (costs of ``ours`` for every plan)."""
+def baseline_micro_batch_size(lengths: Sequence[int], *, config: ScheduleConfig) -> int:
+    """Megatron fixed's default micro-batch size: the size a Megatron user runs with this layout. The largest
+    that Megatron accepts (``global_batch_size`` a multiple of size x DP), whose padded micro-batch of the
+    longest sample fits the cap, and that leaves every rank at least ``pp_size`` micro-batches per step (a
+    pipeline of fewer micro-batches than stages idles them; a count the interleaved schedule accepts is
+    preferred); 1 when none does."""
+    per_rank, pp = config.global_batch_size // config.dp_size, config.pp_size
+    if config.global_batch_size % config.dp_size or per_rank < pp:
+        return 1
+    limit = min(fixed_micro_batch_size(lengths, config=config), per_rank // pp)
+    sizes = [size for size in range(limit, 0, -1) if per_rank % size == 0]
+    return next((size for size in sizes if config.layout.is_legal(per_rank // size)), sizes[0])
+
+
+def check_baseline_micro_batch_size(size: int, *, config: ScheduleConfig) -> None:
+    """``ValueError`` unless Megatron accepts micro-batch size ``size`` with this global batch and DP size."""
+    unit = size * config.dp_size
+    if config.global_batch_size % unit:
+        raise ValueError(f"--baseline-micro-batch-size {size}: Megatron needs --global-batch-size "
+                         f"{config.global_batch_size} to be a multiple of micro-batch size x --dp-size = "
+                         f"{size} x {config.dp_size} = {unit}")
+
+
+def plan_baselines(
+    ours: DPSchedule, *, micro_batch_size: int | None = None, tick: Tick | None = None
+) -> dict[str, DPSchedule]:
+    """With a token cap, each baseline's plan of the same samples (costs of ``ours`` for every plan); Megatron
+    fixed at ``micro_batch_size`` (default :func:`baseline_micro_batch_size`)."""
     plans = {}
     if ours.config.token_cap is not None:
+        size = micro_batch_size or baseline_micro_batch_size(ours.lengths, config=ours.config)
         for name in BASELINE_NAMES:
-            plans[name] = build_baseline_schedule(name, ours.lengths, config=ours.config, costs=ours.costs)
+            plans[name] = build_baseline_schedule(name, ours.lengths, config=ours.config, costs=ours.costs,
+                                                  micro_batch_size=size if name == "megatron_fixed" else None)
             if tick is not None:
                 tick(1)
     return plans
@@ -293,23 +393,88 @@ class _Timer:
         return value
 
 
-def strategy_step(schedule: DPSchedule, step: int, *, timer: _Timer, padded: bool) -> StrategyStep:
-    """The figures of one strategy's plan in one step."""
-    lengths, dp = schedule.lengths, schedule.dp_size
-    ranks = [[[lengths[i] for i in mb] for mb in schedule.rank_step_micro_batches(r, step)] for r in range(dp)]
-    computed = [[timer.computed(mb, padded=padded) for mb in rank] for rank in ranks]
-    rank_tokens = tuple(sum(map(sum, rank)) for rank in ranks)
-    rank_padding = tuple(sum(map(sum, rank)) - tokens for rank, tokens in zip(computed, rank_tokens))
-    rank_costs = [sum(timer.cost(n) for mb in rank for n in mb) for rank in ranks]
-    times = [[timer.model.forward_time(mb) for mb in rank] for rank in computed]
-    result = simulate_step(times, layout=schedule.config.layout, model=timer.model)
-    count, cap = schedule.num_microbatches[step], schedule.config.token_cap
-    fill = 0.0 if cap is None else sum(min(cap, sum(mb)) for rank in ranks for mb in rank) / (count * dp * cap)
-    return StrategyStep(
-        micro_batches=count, tokens=sum(rank_tokens), padding=sum(rank_padding), token_fill=fill,
-        imbalance=max(rank_costs) * dp / sum(rank_costs) - 1.0, seconds=result.seconds,
-        slowest_rank=result.slowest_rank, rank_tokens=rank_tokens, rank_padding=rank_padding,
-    )
+@dataclass(frozen=True, kw_only=True)
+class _PlanArrays:
+    """One plan's micro-batches as ``[rank, micro-batch over all steps]`` arrays (every rank runs as many)."""
+
+    tokens: np.ndarray
+    """Real tokens (int64)."""
+    computed: np.ndarray
+    """Tokens the GPUs compute, padding included (int64; 0 for an empty micro-batch)."""
+    forward: np.ndarray
+    """Forward seconds (an empty micro-batch is a dummy of one token)."""
+    costs: np.ndarray
+    """``[rank, step]``: the sum of the samples' costs, in run order."""
+
+
+def _plan_arrays(schedule: DPSchedule, *, timer: _Timer, padded: bool) -> _PlanArrays:
+    """Every micro-batch's sums at once: :meth:`_Timer.computed` and the model's forward time of each."""
+    dp, lengths = schedule.dp_size, np.asarray(schedule.lengths, dtype=np.int64)
+    ids, counts = _flat_micro_batches(schedule)
+    owner = np.repeat(np.arange(counts.size), counts)
+    real = lengths[ids]
+    multiple = pad_multiple_for(tensor_parallel_size=timer.simulation.tp_size,
+                                context_parallel_size=timer.config.cp_size, sequence_parallel=False)
+    sizes = -(-real // multiple) * multiple
+    if padded:
+        longest = np.zeros(counts.size, dtype=np.int64)
+        starts = np.cumsum(counts) - counts
+        if sizes.size:
+            longest[counts > 0] = np.maximum.reduceat(sizes, starts[counts > 0])
+        computed, pairs = counts * longest, counts * longest.astype(np.float64) ** 2  # floats: no int64 overflow
+    else:
+        computed = np.bincount(owner, weights=sizes, minlength=counts.size).astype(np.int64)
+        pairs = np.bincount(owner, weights=sizes.astype(np.float64) ** 2, minlength=counts.size)
+    dummy = counts == 0
+    with np.errstate(over="ignore", invalid="ignore"):  # out-of-range figures: inf, refused by the caller
+        forward = (timer.model.seconds_per_token * np.where(dummy, 1, computed).astype(np.float64)
+                   + timer.model.seconds_per_token_pair * np.where(dummy, 1.0, pairs)
+                   + timer.model.seconds_per_microbatch)
+    distinct, inverse = np.unique(real, return_inverse=True)
+    cost = np.array([timer.cost(int(n)) for n in distinct.tolist()], dtype=np.float64)[inverse]
+    steps = np.repeat(np.arange(schedule.num_steps), schedule.num_microbatches)  # each column's step
+    key = np.repeat((np.arange(dp)[:, None] * schedule.num_steps + steps[None, :]).ravel(), counts)
+    shape = (dp, -1)
+    return _PlanArrays(
+        tokens=np.bincount(owner, weights=real, minlength=counts.size).astype(np.int64).reshape(shape),
+        computed=computed.reshape(shape), forward=forward.reshape(shape),
+        costs=np.bincount(key, weights=cost, minlength=dp * schedule.num_steps).reshape(shape))
+
+
+def _flat_micro_batches(schedule: DPSchedule) -> tuple[np.ndarray, np.ndarray]:
+    """Every rank's micro-batches over all steps, rank by rank in run order: their sample ids end to end, and
+    the sample count of each."""
+    ids, counts = [], []
+    for partition, batches in zip(schedule.partitions, schedule.micro_batch_indices):
+        sizes = np.fromiter(map(len, batches), dtype=np.int64, count=len(batches))
+        positions = np.fromiter(chain.from_iterable(batches), dtype=np.int64, count=int(sizes.sum()))
+        ids.append(np.asarray(partition, dtype=np.int64)[positions])
+        counts.append(sizes)
+    return np.concatenate(ids), np.concatenate(counts)
+
+
+def _strategy_steps(schedule: DPSchedule, *, timer: _Timer, padded: bool) -> list[StrategyStep]:
+    """The figures of one strategy's plan in every step."""
+    arrays = _plan_arrays(schedule, timer=timer, padded=padded)
+    dp, cap, layout = schedule.dp_size, schedule.config.token_cap, schedule.config.layout
+    rows = []
+    for step in range(schedule.num_steps):
+        columns = schedule.step_micro_batch_range(step)
+        window = slice(columns.start, columns.stop)
+        tokens, computed = arrays.tokens[:, window], arrays.computed[:, window]
+        rank_tokens = tokens.sum(axis=1).tolist()
+        rank_padding = (computed.sum(axis=1) - tokens.sum(axis=1)).tolist()
+        seconds = rank_makespans(arrays.forward[:, window].tolist(), layout=layout,
+                                 backward_factor=timer.model.backward_factor)
+        rank_costs = arrays.costs[:, step].tolist()
+        count = len(columns)
+        fill = 0.0 if cap is None else int(np.minimum(tokens, cap).sum()) / (count * dp * cap)
+        rows.append(StrategyStep(
+            micro_batches=count, tokens=sum(rank_tokens), padding=sum(rank_padding), token_fill=fill,
+            imbalance=max(rank_costs) * dp / sum(rank_costs) - 1.0, seconds=max(seconds),
+            slowest_rank=seconds.index(max(seconds)), rank_tokens=tuple(rank_tokens),
+            rank_padding=tuple(rank_padding)))
+    return rows
 
 
 def rank_timeline(
@@ -353,18 +518,18 @@ def is_padded(name: str, simulation: Simulation) -> bool:
 def compare(
     schedules: Mapping[str, DPSchedule], *, simulation: Simulation, tick: Tick | None = None
 ) -> tuple[StepComparison, ...]:
-    """Every step of every strategy (all plans cut the same steps)."""
+    """Every step of every strategy (all plans cut the same steps); ``tick(1)`` after each strategy."""
     ours = schedules[OURS]
     timer = _Timer(simulation, ours.config)
-    steps = []
-    for step in range(ours.num_steps):
-        rows = {name: strategy_step(plan, step, timer=timer, padded=is_padded(name, simulation))
-                for name, plan in schedules.items()}
-        steps.append(StepComparison(step=step, samples=ours.step_num_samples[step], tokens=rows[OURS].tokens,
-                                    strategies=MappingProxyType(rows)))
+    columns = {}
+    for name, plan in schedules.items():
+        columns[name] = _strategy_steps(plan, timer=timer, padded=is_padded(name, simulation))
         if tick is not None:
             tick(1)
-    return tuple(steps)
+    return tuple(
+        StepComparison(step=step, samples=ours.step_num_samples[step], tokens=columns[OURS][step].tokens,
+                       strategies=MappingProxyType({name: rows[step] for name, rows in columns.items()}))
+        for step in range(ours.num_steps))
 
 
 def plan_warnings(schedule: DPSchedule) -> tuple[PlanWarning, ...]:

@@ -56,7 +56,7 @@ def plot_rank_load(report: WhatIf, step: int) -> Figure:
         computed = [tokens + padding for tokens, padding in zip(row.rank_tokens, row.rank_padding)]
         _draw_ranks(axis, [row.rank_tokens, row.rank_padding], colors=[COLORS[name], "lightgrey"],
                     labels=["real tokens", "padding"], key=computed)
-        axis.set_title(f"{LABELS[name]}: {row.micro_batches} micro-batches/rank, "
+        axis.set_title(f"{report.label(name)}: {row.micro_batches} micro-batches/rank, "
                        f"{row.seconds * scale:.3g} {unit}", fontsize=9)
         axis.legend(loc="lower right", fontsize=8, framealpha=0.9)
     axes[0].set_ylabel("tokens computed")
@@ -101,7 +101,7 @@ def plot_microbatch_sizes(report: WhatIf) -> Figure:
     bins = [largest * i / 40 for i in range(41)]
     for name, values in sizes.items():
         empty = sum(1 for value in values if value == 0)
-        label = f"{LABELS[name]} ({len(values)} micro-batches, {empty} empty)"
+        label = f"{report.label(name)} ({len(values)} micro-batches, {empty} empty)"
         axis.hist(values, bins=bins, histtype="step", linewidth=1.8, color=COLORS[name], label=label)
     if cap is not None:
         axis.axvline(cap, color="black", linestyle="--", label=f"token cap {cap}")
@@ -136,7 +136,7 @@ def plot_timeline(report: WhatIf, step: int) -> Figure:
         timeline = rank_timeline(report.schedules[name], step, row.slowest_rank, simulation=report.simulation,
                                  padded=is_padded(name, report.simulation))
         _draw_gantt(axis, timeline.events, scale=scale)
-        axis.set_title(f"{LABELS[name]}: DP rank {row.slowest_rank}, {row.micro_batches} micro-batches, "
+        axis.set_title(f"{report.label(name)}: DP rank {row.slowest_rank}, {row.micro_batches} micro-batches, "
                        f"{row.seconds * scale:.3g} {unit} ({100 * timeline.bubble_fraction:.0f}% bubble)",
                        fontsize=9)
         axis.set_ylabel("pipeline stage")
@@ -183,7 +183,7 @@ def plot_rank_times(report: WhatIf, step: int) -> Figure:
         _draw_ranks(axis, [busy, waiting], colors=[COLORS[name], "lightgrey"],
                     labels=["forward-backward", "waiting for the slowest rank"], key=busy)
         idle = sum(waiting) / (len(busy) * row.seconds * scale) if row.seconds else 0.0
-        axis.set_title(f"{LABELS[name]}: {row.micro_batches} micro-batches/rank\n"
+        axis.set_title(f"{report.label(name)}: {row.micro_batches} micro-batches/rank\n"
                        f"step {row.seconds * scale:.3g} {unit}, {100 * idle:.0f}% of GPU time waiting", fontsize=9)
         axis.legend(loc="lower right", fontsize=8, framealpha=0.9)
     axes[0].set_ylabel(f"time ({unit})")

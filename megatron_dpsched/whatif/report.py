@@ -22,7 +22,8 @@ COLUMNS_HELP = (
     "mb: micro-batches per DP rank; fill: token fill, the real tokens that fit the cap / (mb x DP x cap), "
     "100% = every micro-batch full; imb: imbalance, the busiest DP rank's FLOPs / the mean rank's - 1, in %; "
     "pad: padding share of the computed tokens, in %; time: simulated forward-backward step time; "
-    "speedup: a baseline's time / dp-schedule's; *: Megatron refuses the step (see the warnings)"
+    "speedup: a baseline's time / dp-schedule's (Megatron fixed at the micro-batch size named above); "
+    "*: Megatron refuses the step (see the warnings)"
 )
 
 
@@ -49,8 +50,15 @@ def _cells(row: StrategyStep | StrategyTotal, scale: float, *, capped: bool) -> 
             f"{row.seconds * scale:9.2f}")
 
 
-SPEEDUP_HEADERS = {"megatron_fixed": "vs fixed", "per_rank_first_fit": "vs per-rank",
-                   "megatron_dp_balanced": "vs DpBal.", "megatron_hybrid_cp": "vs hyb. CP"}
+SPEEDUP_HEADERS = {"megatron_fixed": "fixed", "per_rank_first_fit": "per-rank",
+                   "megatron_dp_balanced": "DpBal.", "megatron_hybrid_cp": "hyb. CP"}
+"""The speedup columns' headers (over which baseline); Megatron fixed's adds its micro-batch size."""
+
+
+def speedup_header(report: WhatIf, name: str) -> str:
+    """``fixed mbs 2``, ``per-rank``: the baseline a speedup column is measured against."""
+    size = report.fixed_micro_batch_size
+    return f"fixed mbs {size}" if name == "megatron_fixed" and size is not None else SPEEDUP_HEADERS[name]
 
 
 def table_lines(report: WhatIf, *, header: list[str]) -> Iterator[str]:
@@ -61,22 +69,47 @@ def table_lines(report: WhatIf, *, header: list[str]) -> Iterator[str]:
     yield from header
     yield from textwrap.wrap("columns per strategy: " + COLUMNS_HELP, width=110, subsequent_indent="  ")
     cells = f"{'mb':>6s} {'fill%':>5s} {'imb%':>5s} {'pad%':>5s} {'time ' + unit:>9s}"
-    groups = f"{'':13s}" + "".join(f" | {LABELS[name]:^{len(cells)}s}" for name in names)
-    yield groups + (f" | {'speedup of dp-schedule':^{14 * len(baselines) - 3}s}".rstrip() if baselines else "")
+    groups = f"{'':13s}" + "".join(f" | {report.label(name):^{len(cells)}s}" for name in names)
+    widths = [max(11, len(speedup_header(report, b))) for b in baselines]
+    title = "speedup of dp-schedule over"
+    yield groups + (f" | {title:^{sum(widths) + 3 * len(widths) - 2}s}".rstrip() if baselines else "")
     yield "step samples " + "".join(f" | {cells}" for _ in names) + "".join(
-        f" | {SPEEDUP_HEADERS[b]:>11s}" for b in baselines)
+        f" | {speedup_header(report, b):>{width}s}" for b, width in zip(baselines, widths))
     unit_size = (report.config.micro_batch_size or 1) * report.config.dp_size
     for step in report.steps:
         mark = "*" if step.samples % unit_size else " "
         yield (f"{step.step:4d} {step.samples:7d}{mark}" + "".join(
             f" | {_cells(step.strategies[n], scale, capped=capped)}" for n in names)
-            + "".join(f" | {step.speedup(b):10.2f}x" for b in baselines))
+            + "".join(f" | {step.speedup(b):{width - 1}.2f}x" for b, width in zip(baselines, widths)))
     samples = sum(step.samples for step in report.steps)
     yield (f"{'all':>4s} {samples:7d} " + "".join(f" | {_cells(report.total(n), scale, capped=capped)}"
                                                    for n in names)
-           + "".join(f" | {report.total_speedup(b):10.2f}x" for b in baselines))
+           + "".join(f" | {report.total_speedup(b):{width - 1}.2f}x" for b, width in zip(baselines, widths)))
     yield ("all: micro-batches and times summed over steps, fill and padding over all tokens, imbalance the "
            "mean over steps")
+    if baselines:
+        yield from textwrap.wrap(speedup_sentence(report), width=110, subsequent_indent="  ")
+
+
+def speedup_sentence(report: WhatIf) -> str:
+    """The total speedups in words, each naming its baseline (Megatron fixed with its micro-batch size)."""
+    parts = [f"{report.total_speedup(name):.2f}x over {against(report, name)}" for name in report.strategies[1:]]
+    return f"dp-schedule's simulated time, all steps: {', '.join(parts)}"
+
+
+def against(report: WhatIf, name: str) -> str:
+    """The baseline ``name`` a speedup is measured against, in words."""
+    size = report.fixed_micro_batch_size
+    if name != "megatron_fixed" or size is None:
+        return LABELS[name]
+    return f"Megatron fixed at micro-batch size {size} ({_fixed_count(report)} per rank in a full step)"
+
+
+def _fixed_count(report: WhatIf) -> str:
+    """``4 micro-batches``: Megatron fixed's micro-batches per rank in a full step."""
+    assert report.fixed_micro_batch_size is not None, "a report with Megatron fixed"
+    count = report.config.global_batch_size // report.config.dp_size // report.fixed_micro_batch_size
+    return f"{count} micro-batch{'' if count == 1 else 'es'}"
 
 
 def header_lines(report: WhatIf, *, source: str, model_source: str, caps: Sequence[int] = ()) -> list[str]:
@@ -106,14 +139,22 @@ def _model_line(simulation: Simulation, model_source: str) -> str:
             f"{measured.backward_factor:g}")
 
 
+FIXED_RULE = ("the largest Megatron accepts (global batch a multiple of size x DP) whose padded micro-batch of "
+              "the longest sample fits the cap and that leaves each rank at least PP micro-batches per step")
+"""Megatron fixed's default micro-batch size (:func:`~.analysis.baseline_micro_batch_size`), in words."""
+
+
 def _fixed_size(report: WhatIf, *, caps: Sequence[int]) -> list[str]:
     """The header line naming Megatron fixed's micro-batch size (none without a cap: no baselines)."""
-    rule = ("the largest Megatron accepts (global batch a multiple of size x DP) whose micro-batch of the "
-            "longest sample fits the cap")
+    chosen = ("given by --baseline-micro-batch-size" if report.fixed_size_given
+              else f"{FIXED_RULE}; --baseline-micro-batch-size sets it")
     if caps:
-        return [f"Megatron fixed: micro-batch size (column mbs) {rule}"]
+        return [f"Megatron fixed: micro-batch size (column mbs): {chosen}"]
     size = report.fixed_micro_batch_size
-    return [] if size is None else [f"Megatron fixed: micro-batch size {size}, {rule}"]
+    if size is None:
+        return []
+    return [f"Megatron fixed: micro-batch size {size} ({chosen}), {_fixed_count(report)} per rank in a full "
+            "step; the speedups over it are against this size"]
 
 
 def _strategy_json(row: StrategyStep | StrategyTotal) -> dict[str, Any]:
@@ -139,6 +180,9 @@ def report_json(report: WhatIf, *, source: str, model_source: str, plots: list[s
         "config": asdict(report.config),
         "tp_size": report.simulation.tp_size,
         "megatron_fixed_micro_batch_size": report.fixed_micro_batch_size,
+        "megatron_fixed_micro_batch_size_from": ("--baseline-micro-batch-size" if report.fixed_size_given
+                                                 else FIXED_RULE) if report.fixed_micro_batch_size else None,
+        "speedup_against": {name: against(report, name) for name in baselines},
         "simulation": {**asdict(report.simulation), "cost_model_source": model_source},
         "strategies": list(report.strategies),
         "columns": COLUMNS_HELP,

@@ -5,8 +5,9 @@ the what-if machinery (:func:`~.analysis.plan_ours`, :func:`~.analysis.compare`)
 cap: dp-schedule's simulated step time (the sum over steps and the median step), micro-batches per DP rank
 per step (median), token fill, the largest collated micro-batch (padding counted as collate adds it: the
 memory a cap costs) and samples longer than the cap; then Megatron fixed's figures at that cap (its
-micro-batch size: the largest Megatron accepts whose padded micro-batch of the longest sample fits the cap,
-see :func:`~megatron_dpsched.baselines.simple.fixed_micro_batch_size`) and dp-schedule's speedup over it.
+micro-batch size: the largest Megatron accepts whose padded micro-batch of the longest sample fits the cap and
+that leaves each rank at least PP micro-batches per step, see :func:`~.analysis.baseline_micro_batch_size`, or
+``--baseline-micro-batch-size``) and dp-schedule's speedup over it.
 
 The recommended cap (:func:`~.caps.recommend`): the fastest simulated total; of the caps within
 :data:`~.caps.TIE_TOLERANCE` (1%) of it, the smallest, which needs the least memory.
@@ -31,7 +32,7 @@ COLUMNS = (
     "time: simulated forward-backward time summed over steps; step: the median step; mb: micro-batches per DP "
     "rank, median step; fill: real tokens that fit the cap / (mb x DP x cap); largest: the largest collated "
     "micro-batch in tokens, padding included; over: samples longer than the cap; mbs: Megatron fixed's "
-    "micro-batch size; speedup: Megatron fixed's time / dp-schedule's"
+    "micro-batch size; speedup: Megatron fixed's time (at that mbs) / dp-schedule's"
 )
 
 

@@ -53,7 +53,7 @@ def test_table_puts_the_strategies_side_by_side_with_hand_derived_totals(tmp_pat
     assert main(["plan", path, *LAYOUT]) == 0
     out = capsys.readouterr().out
     assert "dp-schedule" in out and "Megatron fixed" in out and "per-rank packing" in out
-    assert "vs fixed" in out and "vs per-rank" in out and "token fill" in out and "in %" in out
+    assert "fixed mbs 1" in out and "per-rank" in out and "token fill" in out and "in %" in out
     rows = _rows(out)
     assert set(rows) == {"0", "1", "2", "all"}
     counts = {step: [int(rows[step][g][0]) for g in (1, 2, 3)] for step in rows}
@@ -90,7 +90,8 @@ def test_json_schema(tmp_path, capsys) -> None:
     assert main(["plan", path, *LAYOUT, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert set(report) == {"input", "samples", "config", "tp_size", "megatron_fixed_micro_batch_size",
-                           "simulation", "strategies", "columns", "steps", "total", "warnings", "plots"}
+                           "megatron_fixed_micro_batch_size_from", "speedup_against", "simulation", "strategies",
+                           "columns", "steps", "total", "warnings", "plots"}
     assert report["megatron_fixed_micro_batch_size"] == 1  # 100 // 90
     assert report["strategies"] == ["dpsched", "megatron_fixed", "per_rank_first_fit"]
     assert report["samples"] == 9 and report["config"]["dp_size"] == 2

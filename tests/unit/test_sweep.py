@@ -174,7 +174,7 @@ def test_megatron_fixed_plan_cuts_micro_batches_of_that_size(tmp_path, capsys) -
     assert main(["plan", str(path), "--dp-size", "8", "--global-batch-size", "256", "--max-tokens-per-gpu",
                  "16384"]) == 0
     out = capsys.readouterr().out
-    assert "Megatron fixed: micro-batch size 4, the largest Megatron accepts (global batch a multiple" in out
+    assert "Megatron fixed: micro-batch size 4 (the largest Megatron accepts (global batch a multiple" in out
     assert main(["plan", str(path), "--dp-size", "8", "--global-batch-size", "256", "--max-tokens-per-gpu",
                  "16384", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["megatron_fixed_micro_batch_size"] == 4
