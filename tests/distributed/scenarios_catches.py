@@ -34,3 +34,35 @@ def interleaved_counts() -> dict[str, Any]:
         return {"refused": refused}
     finally:
         harness.teardown()
+
+
+OVER_CAP_LENGTHS = (*harness.LENGTHS[:16], 50, 60, 70)
+"""16 samples under the cap of 40 (two steps of 8), then three over it that two steps never read."""
+
+
+class _Lengths(list):
+    """A dataset of :data:`OVER_CAP_LENGTHS` (the feed only reads ``lengths`` before training)."""
+
+    lengths = OVER_CAP_LENGTHS
+
+
+@scenario(world_size=2, launch="catches2")
+def over_cap_read() -> dict[str, Any]:
+    """``--dp-schedule-over-cap refuse`` on the samples training will read: ``build_feed``'s message (or
+    ``None``) when Megatron asks for 16, 17 and all samples."""
+    from megatron_dpsched.megatron.provider import build_feed
+
+    args = harness.parse_megatron_args(harness.base_argv(train_iters=2, extra=["--dp-schedule-over-cap", "refuse"]))
+    harness.initialize(args)
+    try:
+        dataset = _Lengths(harness.make_sample(i % len(harness.LENGTHS)) for i in range(len(OVER_CAP_LENGTHS)))
+        messages: dict[str, str | None] = {}
+        for needed in (16, 17, None):
+            try:
+                build_feed(dataset, args=args, role="train", num_samples=needed).close()
+                messages[str(needed)] = None
+            except ValueError as error:
+                messages[str(needed)] = str(error)
+        return messages
+    finally:
+        harness.teardown()
