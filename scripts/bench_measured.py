@@ -314,7 +314,7 @@ def launch(spec: RunSpec) -> None:
     """Spawn the setting's processes (gloo, file rendezvous) and wait for them."""
     import torch.multiprocessing as mp
 
-    out = Path(spec.out)
+    out = Path(spec.out).resolve()  # the rendezvous URL file:// needs an absolute path
     spec_path = out / "spec.json"
     spec_path.write_text(json.dumps({**spec.__dict__, "setting": spec.setting.__dict__, "plans": list(spec.plans)}))
     mp.start_processes(worker, args=(str(spec_path), str(out / "gloo_init")), nprocs=spec.setting.world_size,
@@ -489,7 +489,7 @@ def setting_line(result: SettingResult) -> str:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--settings", nargs="+", choices=tuple(SETTINGS), default=list(SETTINGS))
-    parser.add_argument("--steps", type=int, default=6, help="global batches per plan (the first --warmup-steps "
+    parser.add_argument("--steps", type=int, default=10, help="global batches per plan (the first --warmup-steps "
                         "are not measured)")
     parser.add_argument("--warmup-steps", type=int, default=1)
     parser.add_argument("--global-batch-size", type=int, default=16)
