@@ -508,30 +508,38 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="a smoke run: DP 2 x PP 2 only, 3 steps of 8 samples, a small model")
     parser.add_argument("--out", type=Path, help="keep the records here (default: a temporary folder)")
     parser.add_argument("--markdown", type=Path, help="also write the table and the lines here")
+    parser.add_argument("--from-records", action="store_true",
+                        help="train nothing: analyse the records a previous run kept in --out (same size options)")
     args = parser.parse_args(argv)
     if args.quick:
         args.settings, args.steps, args.global_batch_size = ["dp2_pp2"], 3, 8
         args.seq_length, args.cap, args.hidden_size = 128, 256, 64
     if args.steps <= args.warmup_steps:
         parser.error("--steps must be larger than --warmup-steps")
+    if args.from_records and args.out is None:
+        parser.error("--from-records needs --out, the folder of a previous run")
     return args
 
 
 def run(args: argparse.Namespace, out: Path) -> list[SettingResult]:
+    """Launch and analyse every setting (with ``--from-records``: analyse the records kept in ``out``)."""
     lengths = bimodal_lengths(args.steps * args.global_batch_size, seq_length=args.seq_length)
     results = []
     for name in args.settings:
         folder = out / name
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir(parents=True)
         spec = RunSpec(setting=SETTINGS[name], lengths=lengths, global_batch_size=args.global_batch_size,
                        cap=args.cap, hidden_size=args.hidden_size, num_layers=args.num_layers,
                        warmup_steps=args.warmup_steps, out=str(folder), megatron_lm_src=args.megatron_lm_src,
                        cost_model=args.cost_model)
-        before, start = os.getloadavg()[0], time.perf_counter()
-        launch(spec)
-        wall = time.perf_counter() - start
-        results.append(analyse(spec, load=(before, os.getloadavg()[0]), wall_s=wall, cores=args.cores))
+        if not args.from_records:
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+            before, start = os.getloadavg()[0], time.perf_counter()
+            launch(spec)
+            (folder / "launch.json").write_text(json.dumps({"load": [before, os.getloadavg()[0]],
+                                                            "wall_s": time.perf_counter() - start}))
+        launched = json.loads((folder / "launch.json").read_text())
+        results.append(analyse(spec, load=tuple(launched["load"]), wall_s=launched["wall_s"], cores=args.cores))
         print("\n".join(table(results[-1:])), flush=True)
     return results
 
