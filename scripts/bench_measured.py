@@ -338,8 +338,15 @@ class PlanRow:
     """Median over the same steps of the simulated step seconds (fitted model)."""
     core_bound: float
     """The prediction with the shared cores: ``max(simulated, summed work / cores)`` per step, median."""
+    cpu: float
+    """Median over the measured steps of the forward and backward CPU seconds summed over every process: the
+    work done, whatever share of the cores the processes got."""
+    work: float
+    """Median over the same steps of the simulated work, ``(1 + k) * sum(F)`` over every rank."""
     trained_once: bool
     """Every sample of the run trained exactly once under this plan (the step records' sample ids)."""
+    step_walls: tuple[float, ...] = ()
+    """The slowest rank's ``train_step`` wall seconds of each measured step."""
     note: str = ""
 
     @property
@@ -352,6 +359,8 @@ class SettingResult:
     setting: Setting
     rows: list[PlanRow]
     fit: dict[str, Any]
+    cpu_share: float
+    """CPU seconds over wall seconds of the processes' forward and backward work: the share of a core each got."""
     stage_shares: tuple[float, ...]
     """Each pipeline stage's share of the forward and backward CPU seconds (the simulator: ``1 / P`` each)."""
     load: tuple[float, float]
@@ -377,6 +386,18 @@ def step_samples(records: list[dict[str, Any]], *, warmup_steps: int) -> list[An
     return samples
 
 
+def cpu_share(records: dict[str, list[dict[str, Any]]]) -> float:
+    """The processes' forward-backward CPU seconds over their wall seconds, over every record."""
+    every = [r for plan_records in records.values() for r in plan_records]
+    return sum(r["forward_backward_cpu_s"] for r in every) / sum(r["forward_backward_s"] for r in every)
+
+
+def paired_speedup(row: PlanRow, project: PlanRow) -> float:
+    """Median over the measured steps of ``row``'s step time over the project's on the same global batch (run
+    side by side, so a load that changes over the run weighs on both)."""
+    return statistics.median(ours / theirs for ours, theirs in zip(row.step_walls, project.step_walls, strict=True))
+
+
 def stage_shares(records: dict[str, list[dict[str, Any]]]) -> tuple[float, ...]:
     """Each pipeline stage's share of the compute CPU seconds over every plan's records."""
     totals: dict[int, float] = {}
@@ -393,15 +414,14 @@ def trained_once(records: list[dict[str, Any]], num_samples: int) -> bool:
     return ids == list(range(num_samples))
 
 
-def simulated(plan: DPSchedule, step: int, model: Any, *, cores: int) -> tuple[float, float]:
-    """The simulator's step seconds of ``plan``'s step, and that bounded by the summed work over ``cores``."""
+def simulated(plan: DPSchedule, step: int, model: Any) -> tuple[float, float]:
+    """The simulator's step seconds of ``plan``'s step, and the work it simulates (every rank's busy seconds)."""
     from megatron_dpsched.core import rank_forward_times, simulate_step
 
     times = [rank_forward_times([[plan.lengths[i] for i in mb] or [1] for mb in plan.rank_step_micro_batches(r, step)],
                                 model=model) for r in range(plan.dp_size)]
     seconds = simulate_step(times, layout=plan.config.layout, model=model).seconds
-    work = (1 + model.backward_factor) * sum(sum(t) for t in times)
-    return seconds, max(seconds, work / cores)
+    return seconds, (1 + model.backward_factor) * sum(sum(t) for t in times)
 
 
 def analyse(spec: RunSpec, *, load: tuple[float, float], wall_s: float, cores: int) -> SettingResult:
@@ -421,19 +441,22 @@ def analyse(spec: RunSpec, *, load: tuple[float, float], wall_s: float, cores: i
     for name, plan in plans.items():
         steps = range(spec.warmup_steps, spec.num_steps)
         wall = {s: max(r["step_time_s"] for r in records[name] if r["step"] == s) for s in steps}
-        sim = [simulated(plan, s, model, cores=cores) for s in steps]
+        sim = [simulated(plan, s, model) for s in steps]
+        cpu = [sum(r["compute_cpu_s"] for r in records[name] if r["step"] == s) for s in steps]
         counts = [len(plan.rank_step_micro_batches(r, s)) for s in range(plan.num_steps) for r in range(plan.dp_size)]
         rows.append(PlanRow(setting=spec.setting.name, plan=name, micro_batches=statistics.fmean(counts),
                             measured=statistics.median(wall.values()),
                             predicted=statistics.median(p for p, _ in sim),
-                            core_bound=statistics.median(c for _, c in sim),
+                            core_bound=statistics.median(max(p, w / cores) for p, w in sim),
+                            cpu=statistics.median(cpu), work=statistics.median(w for _, w in sim),
                             trained_once=trained_once(records[name], len(spec.lengths)),
-                            note=saved["notes"].get(name, "")))
+                            step_walls=tuple(wall.values()), note=saved["notes"].get(name, "")))
     for name, note in saved["notes"].items():
         if name not in plans:
             print(f"[{spec.setting.name}] {name}: {note}")
     coefficients = {name: getattr(model, name) for name in COEFFICIENTS}
     return SettingResult(setting=spec.setting, rows=rows, stage_shares=stage_shares(records),
+                         cpu_share=cpu_share(records),
                          fit=dict(fitted.report) | coefficients, load=load, wall_s=wall_s)
 
 
@@ -450,15 +473,17 @@ def kendall_tau(xs: Sequence[float], ys: Sequence[float]) -> float:
 
 def table(results: Sequence[SettingResult]) -> list[str]:
     lines = ["| setting | plan | micro-batches / rank | measured s | predicted s | measured / predicted | "
-             "predicted on the cores s | measured / that | project speed-up | every sample once |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "predicted on the cores s | measured / that | CPU s, all processes | simulated work s | "
+             "project speed-up (per step, median) | every sample once |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for result in results:
         project = next(r for r in result.rows if r.plan == PROJECT)
         for r in result.rows:
-            speedup = "" if r.plan == PROJECT else f"{r.measured / project.measured:.2f}x"
+            speedup = "" if r.plan == PROJECT else f"{paired_speedup(r, project):.2f}x"
             name = r.plan + (f" ({r.note})" if r.note else "")
             lines.append(f"| {r.setting} | {name} | {r.micro_batches:.1f} | {r.measured:.3f} | {r.predicted:.3f} | "
-                         f"{r.ratio:.2f} | {r.core_bound:.3f} | {r.measured / r.core_bound:.2f} | {speedup} | "
+                         f"{r.ratio:.2f} | {r.core_bound:.3f} | {r.measured / r.core_bound:.2f} | {r.cpu:.3f} | "
+                         f"{r.work:.3f} | {speedup} | "
                          f"{'yes' if r.trained_once else 'NO'} |")
     return lines
 
@@ -474,15 +499,19 @@ def setting_line(result: SettingResult) -> str:
     measured = [r.measured for r in rows]
     fastest = {key: min(rows, key=lambda r: getattr(r, key)).plan for key in ("measured", "predicted", "core_bound")}
     tau = {key: kendall_tau(measured, [getattr(r, key) for r in rows]) for key in ("predicted", "core_bound")}
+    work_tau = kendall_tau([r.cpu for r in rows], [r.work for r in rows])
     shares = " / ".join(f"{x:.2f}" for x in result.stage_shares)
     return (f"- {result.setting.name}: measured fastest {fastest['measured']}; predicted fastest "
             f"{fastest['predicted']} (Kendall tau {tau['predicted']:.2f}), on the cores {fastest['core_bound']} "
-            f"(tau {tau['core_bound']:.2f}); fitted a = {fit['seconds_per_token'] * 1e6:.2f} us/token, "
+            f"(tau {tau['core_bound']:.2f}); least CPU work measured {min(rows, key=lambda r: r.cpu).plan}, simulated "
+            f"{min(rows, key=lambda r: r.work).plan} (tau {work_tau:.2f}); "
+            f"fitted a = {fit['seconds_per_token'] * 1e6:.2f} us/token, "
             f"b = {fit['seconds_per_token_pair'] * 1e9:.3f} ns/token pair, "
             f"c = {fit['seconds_per_microbatch'] * 1e3:.2f} ms/micro-batch (forward; "
             f"R^2 {fit['r_squared'] or float('nan'):.3f}, mean error "
             f"{fit['mean_relative_error']:.1%}); CPU share per pipeline stage {shares} (simulated: "
-            f"{1 / len(result.stage_shares):.2f} each); load average {result.load[0]:.2f} before, "
+            f"{1 / len(result.stage_shares):.2f} each); each process ran {result.cpu_share:.0%} of its "
+            f"forward-backward wall time on a core; load average {result.load[0]:.2f} before, "
             f"{result.load[1]:.2f} after; launch {result.wall_s:.0f} s.")
 
 
