@@ -359,6 +359,8 @@ class SettingResult:
     setting: Setting
     rows: list[PlanRow]
     fit: dict[str, Any]
+    untrained: dict[str, str]
+    """Plans not trained and why (no checkout given, refused by the peer's code)."""
     cpu_share: float
     """CPU seconds over wall seconds of the processes' forward and backward work: the share of a core each got."""
     stage_shares: tuple[float, ...]
@@ -451,12 +453,10 @@ def analyse(spec: RunSpec, *, load: tuple[float, float], wall_s: float, cores: i
                             cpu=statistics.median(cpu), work=statistics.median(w for _, w in sim),
                             trained_once=trained_once(records[name], len(spec.lengths)),
                             step_walls=tuple(wall.values()), note=saved["notes"].get(name, "")))
-    for name, note in saved["notes"].items():
-        if name not in plans:
-            print(f"[{spec.setting.name}] {name}: {note}")
     coefficients = {name: getattr(model, name) for name in COEFFICIENTS}
     return SettingResult(setting=spec.setting, rows=rows, stage_shares=stage_shares(records),
                          cpu_share=cpu_share(records),
+                         untrained={name: note for name, note in saved["notes"].items() if name not in plans},
                          fit=dict(fitted.report) | coefficients, load=load, wall_s=wall_s)
 
 
@@ -512,7 +512,8 @@ def setting_line(result: SettingResult) -> str:
             f"{fit['mean_relative_error']:.1%}); CPU share per pipeline stage {shares} (simulated: "
             f"{1 / len(result.stage_shares):.2f} each); each process ran {result.cpu_share:.0%} of its "
             f"forward-backward wall time on a core; load average {result.load[0]:.2f} before, "
-            f"{result.load[1]:.2f} after; launch {result.wall_s:.0f} s.")
+            f"{result.load[1]:.2f} after; launch {result.wall_s:.0f} s."
+            + "".join(f" Not trained: {name}, {note}." for name, note in result.untrained.items()))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -569,7 +570,7 @@ def run(args: argparse.Namespace, out: Path) -> list[SettingResult]:
                                                             "wall_s": time.perf_counter() - start}))
         launched = json.loads((folder / "launch.json").read_text())
         results.append(analyse(spec, load=tuple(launched["load"]), wall_s=launched["wall_s"], cores=args.cores))
-        print("\n".join(table(results[-1:])), flush=True)
+        print("\n".join(table(results[-1:])), file=sys.stderr, flush=True)  # progress; the full table at the end
     return results
 
 
