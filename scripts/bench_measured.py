@@ -123,30 +123,22 @@ def bimodal_lengths(count: int, *, seq_length: int, seed: int = 0) -> list[int]:
 
 
 def megatron_argv(spec: RunSpec) -> list[str]:
-    """A fp32 GPT (local layers, the packed-attention test spec), SGD, no dropout, ``--dp-schedule`` with the cap."""
+    """The test harness's fp32 GPT flags (local layers, SGD, no dropout, ``--dp-schedule``), resized for the run,
+    with the packed-attention test spec and the cap (later flags win in Megatron's parser)."""
+    import harness
+
     s = spec.setting
-    seq = max(spec.lengths)
-    per_chunk = spec.num_layers // (s.pp * s.vpp)
-    heads = max(1, spec.hidden_size // 64)
-    argv = [
+    seq = str(max(spec.lengths))
+    argv = harness.base_argv(train_iters=spec.num_steps * 16, extra=[
         "--num-layers", str(spec.num_layers), "--hidden-size", str(spec.hidden_size),
-        "--num-attention-heads", str(heads), "--ffn-hidden-size", str(4 * spec.hidden_size),
-        "--seq-length", str(seq), "--max-position-embeddings", str(seq),
-        "--micro-batch-size", "1", "--global-batch-size", str(spec.global_batch_size),
-        "--train-iters", str(spec.num_steps * 16), "--lr", "1e-4", "--min-lr", "1e-4", "--lr-decay-style", "constant",
-        "--optimizer", "sgd", "--sgd-momentum", "0.0", "--weight-decay", "0.0", "--clip-grad", "0.0",
-        "--attention-dropout", "0.0", "--hidden-dropout", "0.0",
-        "--position-embedding-type", "learned_absolute", "--untie-embeddings-and-output-weights",
-        "--transformer-impl", "local", "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion",
-        "--no-bias-gelu-fusion", "--no-bias-dropout-fusion", "--no-persist-layer-norm",
-        "--use-cpu-initialization", "--distributed-backend", "gloo", "--tokenizer-type", "NullTokenizer",
-        "--vocab-size", str(VOCAB), "--log-interval", "1000", "--eval-iters", "0", "--seed", "1234",
-        "--pipeline-model-parallel-size", str(s.pp), "--dp-schedule",
-        "--dp-schedule-max-tokens-per-gpu", str(spec.cap), "--dp-schedule-verify", "strict",
-        "--dp-schedule-collate-format", "thd", "--spec", "megatron_dpsched.testing.cpu_attention", "gpt_layer_spec",
-    ]
+        "--num-attention-heads", str(max(1, spec.hidden_size // 64)), "--ffn-hidden-size", str(4 * spec.hidden_size),
+        "--seq-length", seq, "--max-position-embeddings", seq, "--global-batch-size", str(spec.global_batch_size),
+        "--lr", "1e-4", "--min-lr", "1e-4", "--pipeline-model-parallel-size", str(s.pp),
+        "--dp-schedule-max-tokens-per-gpu", str(spec.cap), "--dp-schedule-collate-format", "thd",
+        "--spec", *harness.STAND_IN_SPEC,
+    ])
     if s.vpp > 1:
-        argv += ["--num-layers-per-virtual-pipeline-stage", str(per_chunk)]
+        argv += ["--num-layers-per-virtual-pipeline-stage", str(spec.num_layers // (s.pp * s.vpp))]
     if spec.cost_model:
         argv += ["--dp-schedule-cost-model", spec.cost_model]
     return argv
@@ -347,6 +339,8 @@ class PlanRow:
     """Every sample of the run trained exactly once under this plan (the step records' sample ids)."""
     step_walls: tuple[float, ...] = ()
     """The slowest rank's ``train_step`` wall seconds of each measured step."""
+    step_predicted: tuple[float, ...] = ()
+    """The simulated seconds of each measured step."""
     note: str = ""
 
     @property
@@ -394,10 +388,11 @@ def cpu_share(records: dict[str, list[dict[str, Any]]]) -> float:
     return sum(r["forward_backward_cpu_s"] for r in every) / sum(r["forward_backward_s"] for r in every)
 
 
-def paired_speedup(row: PlanRow, project: PlanRow) -> float:
+def paired_speedup(row: PlanRow, project: PlanRow, *, simulated: bool = False) -> float:
     """Median over the measured steps of ``row``'s step time over the project's on the same global batch (run
-    side by side, so a load that changes over the run weighs on both)."""
-    return statistics.median(ours / theirs for ours, theirs in zip(row.step_walls, project.step_walls, strict=True))
+    side by side, so a load that changes over the run weighs on both); ``simulated``: of the predicted times."""
+    pairs = zip(row.step_predicted, project.step_predicted) if simulated else zip(row.step_walls, project.step_walls)
+    return statistics.median(ours / theirs for ours, theirs in pairs)
 
 
 def stage_shares(records: dict[str, list[dict[str, Any]]]) -> tuple[float, ...]:
@@ -444,15 +439,17 @@ def analyse(spec: RunSpec, *, load: tuple[float, float], wall_s: float, cores: i
         steps = range(spec.warmup_steps, spec.num_steps)
         wall = {s: max(r["step_time_s"] for r in records[name] if r["step"] == s) for s in steps}
         sim = [simulated(plan, s, model) for s in steps]
+        predicted = tuple(p for p, _ in sim)
         cpu = [sum(r["compute_cpu_s"] for r in records[name] if r["step"] == s) for s in steps]
         counts = [len(plan.rank_step_micro_batches(r, s)) for s in range(plan.num_steps) for r in range(plan.dp_size)]
         rows.append(PlanRow(setting=spec.setting.name, plan=name, micro_batches=statistics.fmean(counts),
                             measured=statistics.median(wall.values()),
-                            predicted=statistics.median(p for p, _ in sim),
+                            predicted=statistics.median(predicted),
                             core_bound=statistics.median(max(p, w / cores) for p, w in sim),
                             cpu=statistics.median(cpu), work=statistics.median(w for _, w in sim),
                             trained_once=trained_once(records[name], len(spec.lengths)),
-                            step_walls=tuple(wall.values()), note=saved["notes"].get(name, "")))
+                            step_walls=tuple(wall.values()), step_predicted=predicted,
+                            note=saved["notes"].get(name, "")))
     coefficients = {name: getattr(model, name) for name in COEFFICIENTS}
     return SettingResult(setting=spec.setting, rows=rows, stage_shares=stage_shares(records),
                          cpu_share=cpu_share(records),
@@ -474,12 +471,13 @@ def kendall_tau(xs: Sequence[float], ys: Sequence[float]) -> float:
 def table(results: Sequence[SettingResult]) -> list[str]:
     lines = ["| setting | plan | micro-batches / rank | measured s | predicted s | measured / predicted | "
              "predicted on the cores s | measured / that | CPU s, all processes | simulated work s | "
-             "project speed-up (per step, median) | every sample once |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "project speed-up, measured | simulated | every sample once |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for result in results:
         project = next(r for r in result.rows if r.plan == PROJECT)
         for r in result.rows:
-            speedup = "" if r.plan == PROJECT else f"{paired_speedup(r, project):.2f}x"
+            speedup = " | " if r.plan == PROJECT else (f"{paired_speedup(r, project):.2f}x | "
+                                                    f"{paired_speedup(r, project, simulated=True):.2f}x")
             name = r.plan + (f" ({r.note})" if r.note else "")
             lines.append(f"| {r.setting} | {name} | {r.micro_batches:.1f} | {r.measured:.3f} | {r.predicted:.3f} | "
                          f"{r.ratio:.2f} | {r.core_bound:.3f} | {r.measured / r.core_bound:.2f} | {r.cpu:.3f} | "
@@ -496,14 +494,16 @@ def setting_lines(results: Sequence[SettingResult]) -> list[str]:
 
 def setting_line(result: SettingResult) -> str:
     rows, fit = result.rows, result.fit
-    measured = [r.measured for r in rows]
-    fastest = {key: min(rows, key=lambda r: getattr(r, key)).plan for key in ("measured", "predicted", "core_bound")}
-    tau = {key: kendall_tau(measured, [getattr(r, key) for r in rows]) for key in ("predicted", "core_bound")}
+    project = next(r for r in rows if r.plan == PROJECT)
+    relative = {key: [paired_speedup(r, project, simulated=key == "simulated") for r in rows]
+                for key in ("measured", "simulated")}  # each plan's step time over the project's, per step
+    fastest = {key: rows[values.index(min(values))].plan for key, values in relative.items()}
+    tau = kendall_tau(relative["measured"], relative["simulated"])
     work_tau = kendall_tau([r.cpu for r in rows], [r.work for r in rows])
     shares = " / ".join(f"{x:.2f}" for x in result.stage_shares)
-    return (f"- {result.setting.name}: measured fastest {fastest['measured']}; predicted fastest "
-            f"{fastest['predicted']} (Kendall tau {tau['predicted']:.2f}), on the cores {fastest['core_bound']} "
-            f"(tau {tau['core_bound']:.2f}); least CPU work measured {min(rows, key=lambda r: r.cpu).plan}, simulated "
+    return (f"- {result.setting.name}: per step, relative to the project's step, measured fastest "
+            f"{fastest['measured']}, simulated fastest {fastest['simulated']} (Kendall tau of the two orders "
+            f"{tau:.2f}); least CPU work measured {min(rows, key=lambda r: r.cpu).plan}, simulated "
             f"{min(rows, key=lambda r: r.work).plan} (tau {work_tau:.2f}); "
             f"fitted a = {fit['seconds_per_token'] * 1e6:.2f} us/token, "
             f"b = {fit['seconds_per_token_pair'] * 1e9:.3f} ns/token pair, "
