@@ -23,12 +23,18 @@ which takes PP = 1 records; the sum over stages is the whole model's work, what 
 stages). Then per plan: the measured median step time (slowest rank's ``train_step`` wall time over the measured
 steps), the simulator's prediction (``core/steptime.py``'s ``simulate_step`` with the fitted model), their ratio,
 and the prediction bounded by the cores the processes share (the simulator gives every stage its own device);
-per setting: the rank agreement (Kendall tau) of the predicted and measured order, whether the plan predicted
-fastest is the one measured fastest, and the project's measured speed-up over each peer. It checks that every
+the measured and simulated CPU work, and the project's speed-up over each plan, measured and simulated (the
+median over the steps of the plan's step time over the project's on the same global batch, run seconds apart);
+per setting: whether the plan simulated fastest by those paired figures is the one measured fastest, the rank
+agreement (Kendall tau) of the two orders, each stage's share of the work and each process's share of a core.
+It checks that every
 plan trained every sample exactly once (from the step records' sample ids)::
 
-    python scripts/bench_measured.py --megatron-lm-src ../Megatron-LM --markdown docs/bench_measured.md
-    python scripts/bench_measured.py --quick          # one small setting, a few steps: a smoke run
+    python scripts/bench_measured.py --megatron-lm-src ../Megatron-LM --out out/bench_measured   # ~10 min on 2 cores
+    python scripts/bench_measured.py --out out/bench_measured --from-records   # the table again, from those records
+    python scripts/bench_measured.py --quick          # DP 2 x PP 2 only, 3 small steps: a smoke run (the test's)
+
+The figures of ``docs/bench_measured.md`` are from the first command.
 
 Figures are wall time on a shared machine: the load average before and after each launch is printed.
 """
