@@ -60,7 +60,11 @@ def escape_stray_percent(parser: argparse.ArgumentParser) -> None:
 def add_dp_schedule_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``--dp-schedule*`` flags (one per :class:`DPScheduleOptions` field); usable as Megatron's
     ``extra_args_provider`` (which Megatron calls after adding its own flags: their help texts are made
-    printable, see :func:`escape_stray_percent`)."""
+    printable, see :func:`escape_stray_percent`). With ``DPSCHED_QUIET=1`` the process runs quiet from here
+    (:mod:`~megatron_dpsched.megatron.quiet`: before Megatron prints its argument dump)."""
+    from megatron_dpsched.megatron import quiet
+
+    quiet.install_if_requested()
     escape_stray_percent(parser)
     group = parser.add_argument_group(title="dp-schedule (global micro-batch scheduling)")
     group.add_argument("--dp-schedule", action="store_true", help=SWITCH_HELP)

@@ -293,18 +293,21 @@ def check_training_data(args: Any) -> None:
 # --- 3. when the data is known ----------------------------------------------------------------------------------
 
 
-def dataset_lengths(dataset: Any) -> Sequence[int]:
-    """The token count of every sample of ``dataset`` (its ``lengths``); a ``ValueError`` for a dataset the
-    planner cannot read (none, a wrong count, Megatron's packing ``SFTDataset``)."""
+def dataset_lengths(dataset: Any, *, role: str | None = None) -> Sequence[int]:
+    """The token count of every sample of ``dataset`` (its ``lengths``); a ``ValueError`` naming the dataset
+    (``role``: train, valid or test, and its type) for one the planner cannot read (none, a wrong count,
+    Megatron's packing ``SFTDataset``)."""
     if type(dataset).__name__ == "SFTDataset":
         raise ValueError("--dp-schedule cannot plan Megatron's SFTDataset: it packs conversations into "
                          "--seq-length rows; give one conversation per sample "
                          "(megatron_dpsched.data.ConversationJsonlDataset) and let the planner pack")
     lengths = getattr(dataset, "lengths", None)
     if lengths is None or len(lengths) != len(dataset):
+        which = f"the {role} dataset ({type(dataset).__name__})" if role else type(dataset).__name__
+        got = type(lengths).__name__ if lengths is None else f"{len(lengths)} lengths for {len(dataset)} samples"
         raise ValueError(
-            f"--dp-schedule needs the token count of every sample: give {type(dataset).__name__} a "
-            f"'lengths' sequence with one entry per sample (got {type(lengths).__name__})"
+            f"--dp-schedule needs the token count of every sample: give {which} a "
+            f"'lengths' sequence with one entry per sample (got {got})"
         )
     return lengths
 

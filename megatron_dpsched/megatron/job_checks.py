@@ -16,7 +16,8 @@ or without ``--dp-schedule``), and the source patch wraps the same names with th
    (:func:`iteration_to_load`) is compared with this job before Megatron's function loads it (whose own asserts,
    such as its learning-rate scheduler's on another ``--global-batch-size``, would fire first): a change of data
    or options raises ``ValueError`` naming it, unless ``--dp-schedule-changed-resume allow``, which logs what
-   changed. Then Megatron's function (which loads ``--load``).
+   changed. Then the checks of :data:`BEFORE_MODEL` (the datasets' ``lengths``), then Megatron's function (which
+   builds the model and loads ``--load``).
 2. :func:`with_state_file` wraps ``save_checkpoint``: after Megatron's save, global rank 0 writes the
    state file into the iteration folder: the job identity and the fingerprint of the plan of the step
    that follows (which a resume compares with the plan of its first step).
@@ -64,6 +65,9 @@ DATA_FLAGS = ("data_path", "train_data_path", "valid_data_path", "test_data_path
 """Megatron's arguments that say which data the job reads."""
 ALLOW_FLAG = "--dp-schedule-changed-resume allow"
 
+BEFORE_MODEL: list[Callable[[], None]] = []
+"""More checks :func:`with_job_checks` runs (once each, then drops) after the job checks, before the next model is
+built (each ``scheduled_datasets_provider`` adds the check of its datasets: ``lengths`` before the model exists)."""
 _state: dict[str, Any] = {}
 """``identity``: this job's, once agreed; ``resume``: what a checked resume expects of its first step."""
 
@@ -77,6 +81,8 @@ def with_job_checks(setup_model_and_optimizer: Callable[..., Any]) -> Callable[.
 
         identity = agree_on_this_job(get_args())
         check_resume(get_args(), identity, iteration=iteration_to_load(get_args()))  # before Megatron's asserts
+        while BEFORE_MODEL:  # each runs once, for the next model built
+            BEFORE_MODEL.pop(0)()
         result = setup_model_and_optimizer(*args, **kwargs)
         check_resume(get_args(), identity, iteration=get_args().iteration)  # the one loaded, if not known before
         return result
