@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from entry import MODEL_BUILT, REPO, corpus_rows, errors, tiny_gpt_argv, torchrun
+from entry import MODEL_BUILT, REPO, corpus_rows, errors, torchrun
+from test_quiet_flags import _argv
 
 from megatron_dpsched.data import write_token_jsonl
 
@@ -29,11 +30,6 @@ CAP = ("--dp-schedule", "--dp-schedule-max-tokens-per-gpu", "48")
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_token_jsonl(tmp_path_factory.mktemp("corpus") / "corpus.jsonl", corpus_rows(48))
-
-
-def _argv(corpus: Path, *extra: str) -> list[str]:
-    return [*tiny_gpt_argv(), "--data-path", str(corpus), "--split", "100,0,0", "--global-batch-size", "8",
-            "--train-iters", "2", "--lr", "1e-3", "--eval-iters", "0", *extra]
 
 
 def assert_once_per_job(proc: subprocess.CompletedProcess, line: str) -> str:
