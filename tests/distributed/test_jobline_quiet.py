@@ -52,3 +52,24 @@ def test_the_entry_point_runs_quiet(tmp_path: Path) -> None:
     assert not any(line.lstrip().startswith("dp-schedule step ") for line in lines), proc.stdout
     assert not any(" ....... " in line for line in lines), proc.stdout
     assert len(lines) < 12 < len(loud.stdout.splitlines()) // 20, proc.stdout
+
+
+def test_the_rl_example_runs_quiet(tmp_path: Path) -> None:
+    """``examples/rl_controller.py --quiet``: the spawned trainers inherit ``DPSCHED_QUIET`` and drop Megatron's
+    argument dump; the controller's own lines stay."""
+    import os
+    import subprocess
+    import sys
+
+    from entry import REPO
+
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, str(REPO / "examples" / "rl_controller.py"), "--out", str(tmp_path / "out"),
+                           "--rollouts", "1", "--quiet"], cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env=env)
+    assert proc.returncode == 0, errors(proc.stdout + proc.stderr)
+    lines = proc.stdout.splitlines()
+    assert ARGUMENT_DUMP not in proc.stdout and not any(" ....... " in line for line in lines), proc.stdout
+    ours = [line for line in lines if "WARNING" not in line]  # Megatron's warnings stay
+    assert [line.split(" ")[:2] for line in ours] == [["dp-schedule:", "every"], ["dp-schedule:", "train"],
+                                                      ["rollout", "0:"], ["trained", "rollouts"]], proc.stdout
