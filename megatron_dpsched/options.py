@@ -590,6 +590,23 @@ def exit_on_bad_flags(argv: Sequence[str], *, prog: str) -> None:
         exit_with_flag_error(str(error), prog=prog)
 
 
+def one_line_parser_errors(parser: argparse.ArgumentParser, *, prog: str) -> argparse.ArgumentParser:
+    """Make ``parser`` (Megatron's, handed to an ``extra_args_provider``) report a bad flag as one line
+    ``<prog>: error: ...`` once per job (:func:`exit_with_flag_error`) instead of its usage and error on every
+    rank; an unknown or bad ``--dp-schedule*`` flag in the command line gets :func:`check_argv`'s message (the
+    closest known flag) instead of "unrecognized arguments". Returns ``parser``."""
+
+    def error(message: str) -> NoReturn:
+        try:
+            check_argv(sys.argv[1:])  # what the parser parses
+        except OptionError as ours:
+            message = str(ours)
+        exit_with_flag_error(message, prog=prog)
+
+    parser.error = error  # type: ignore[method-assign]
+    return parser
+
+
 def exit_with_flag_error(message: str, *, prog: str) -> NoReturn:
     """Report ``<prog>: error: <message>`` (one line) once per job
     (:func:`~megatron_dpsched.runtime.ranks.report_failure`: rank 0 prints it, every rank records it for torchrun's

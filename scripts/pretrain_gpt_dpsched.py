@@ -82,7 +82,6 @@ from megatron_dpsched.megatron.checks import (  # noqa: E402
     check_before_validate_args,
     check_training_data,
     exit_on_bad_flags,
-    one_line_parser_errors,
 )
 from megatron_dpsched.megatron.failures import debug_requested, exit_with_line, one_line_errors  # noqa: E402
 from megatron_dpsched.megatron.step_recorder import StepRecorder, record_steps, write_plan  # noqa: E402
@@ -97,9 +96,8 @@ _state: dict[str, Any] = {}
 
 
 def extra_args_provider(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The plugin's ``--dp-schedule*`` flags plus this entry point's own; a bad flag of Megatron's is one line
-    per job (:func:`one_line_parser_errors`)."""
-    one_line_parser_errors(parser, prog=Path(sys.argv[0]).name)
+    """The plugin's ``--dp-schedule*`` flags (a bad flag of Megatron's is one line per job too) plus this entry
+    point's own."""
     add_dp_schedule_args(parser)
     group = parser.add_argument_group(title="pretrain_gpt_dpsched")
     group.add_argument(DRY_RUN_FLAG, action="store_true",

@@ -3,9 +3,9 @@
 1. **Before Megatron parses** (no torch): :func:`check_argv` and :func:`exit_on_bad_flags`, an entry point's
    first line: a bad ``--dp-schedule*`` flag in one line, before Megatron's argument dump. They are made from the
    option fields and run without torch, so they live in :mod:`megatron_dpsched.options` (which the torch-free
-   what-if tool imports too) and are re-exported here. :func:`one_line_parser_errors` makes Megatron's own parser
-   report a bad flag of its own (``--seq-length 16k``) the same way. Each is reported once per job (rank 0 prints,
-   torchrun's summary names it) and exits with status 2.
+   what-if tool imports too) and are re-exported here, with :func:`one_line_parser_errors`, which makes Megatron's
+   own parser report a bad flag (``--seq-length 16k``) the same way (``add_dp_schedule_args`` installs it). Each
+   is reported once per job (rank 0 prints, torchrun's summary names it) and exits with status 2.
 2. **After Megatron parses**: :func:`check_before_validate_args` refuses, as one line naming the flags, what
    Megatron's ``validate_args`` would assert on (a traceback per rank) and, with ``--dp-schedule``, Megatron's own
    packing and hybrid-CP flags (both flags named, and the choice); :func:`validate_dp_schedule_args`, after
@@ -23,8 +23,6 @@ data-parallel size after ``validate_args``, the padded vocabulary after its toke
 
 from __future__ import annotations
 
-import argparse
-import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,7 +43,7 @@ from megatron_dpsched.options import (
     check_argv,
     check_setting,
     exit_on_bad_flags,
-    exit_with_flag_error,
+    one_line_parser_errors,
     without_switch,
 )
 from megatron_dpsched.runtime.over_cap import find_over_cap, over_cap_notice
@@ -57,14 +55,6 @@ __all__ = ["check_argv", "check_before_validate_args", "check_dataset_size", "ch
 
 
 # --- 1. before Megatron parses: check_argv, exit_on_bad_flags (megatron_dpsched.options) --------------------------
-
-
-def one_line_parser_errors(parser: argparse.ArgumentParser, *, prog: str) -> argparse.ArgumentParser:
-    """Make ``parser`` (Megatron's, handed to an ``extra_args_provider``) report a bad flag as one line
-    ``<prog>: error: ...`` once per job (:func:`~megatron_dpsched.options.exit_with_flag_error`) instead of its
-    usage and error on every rank; returns it."""
-    parser.error = functools.partial(exit_with_flag_error, prog=prog)  # type: ignore[method-assign]
-    return parser
 
 
 # --- 2. after Megatron parses ---------------------------------------------------------------------------------------

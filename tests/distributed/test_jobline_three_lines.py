@@ -22,10 +22,10 @@ SCRIPT = Path(__file__).with_name("three_line_script.py")
 DRY_RUN = "megatron_dpsched.testing.cpu_dry_run"
 
 
-def _three_lines(corpus: Path, **env: str) -> subprocess.CompletedProcess:
+def _three_lines(corpus: Path, *extra: str, **env: str) -> subprocess.CompletedProcess:
     launcher = Path(sys.executable).with_name("torchrun")
     flags = [*tiny_gpt_argv()[1:], "--global-batch-size", "8", "--train-iters", "2", "--lr", "1e-3", "--eval-iters",
-             "0", "--eval-interval", "1000", "--dp-schedule", "--dp-schedule-max-tokens-per-gpu", "48"]
+             "0", "--eval-interval", "1000", "--dp-schedule", "--dp-schedule-max-tokens-per-gpu", "48", *extra]
     cmd = [str(launcher), "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(next(_PORTS)),
            "-m", DRY_RUN, str(SCRIPT), *flags]
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "DATASET": str(corpus), **env,
@@ -51,6 +51,15 @@ def test_a_dataset_without_lengths_is_one_line_naming_it_before_the_model(corpus
     log = assert_once_per_job(proc, "dp-schedule: rank 0: --dp-schedule needs the token count of every sample: give "
                                     "the train dataset (SamplesWithoutLengths) a 'lengths' sequence with one entry "
                                     "per sample (got NoneType)")
+    assert MODEL_BUILT not in log
+
+
+def test_a_flag_typo_in_a_three_line_script_is_one_line_per_job(corpus: Path) -> None:
+    """``add_dp_schedule_args`` makes Megatron's parser report a bad flag once per job, naming the closest known
+    ``--dp-schedule*`` flag instead of argparse's "unrecognized arguments" and usage on every rank."""
+    log = assert_once_per_job(_three_lines(corpus, "--dp-schedule-balanse", "tokens"),
+                              "three_line_script.py: error: unknown option --dp-schedule-balanse; did you mean "
+                              "--dp-schedule-balance?")
     assert MODEL_BUILT not in log
 
 
