@@ -80,6 +80,7 @@ class Options:
     seed: int = 0
     save_state_after: int | None = None
     resume: Path | None = None
+    quiet: bool = False
 
 
 @dataclass(kw_only=True)
@@ -431,9 +432,15 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
     parser.add_argument("--seed", type=int, default=0, help="rollout seed (default 0)")
     parser.add_argument("--save-state-after", type=int, metavar="K", help="save the job's state after K rollouts")
     parser.add_argument("--resume", type=Path, metavar="DIR", help="continue from a saved state_after_K directory")
+    parser.add_argument("--quiet", action="store_true", help="only the example's own lines, the plugin's, warnings "
+                        "and errors (no Megatron argument dump or step lines; megatron_dpsched.megatron.quiet)")
     values = vars(parser.parse_args(argv))
     options = Options(**values)
     _check(parser, options)
+    if options.quiet:  # the spawned trainers inherit DPSCHED_QUIET and run quiet from add_dp_schedule_args on
+        from megatron_dpsched.megatron import quiet
+
+        quiet.install(keep=("rollout ", "trained rollouts"))
     return options
 
 

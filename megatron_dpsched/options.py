@@ -42,6 +42,7 @@ from typing import Any, Literal, NoReturn
 
 from megatron_dpsched.core.config import ScheduleConfig
 from megatron_dpsched.core.validation import MAX_TOKENS
+from megatron_dpsched.runtime.ranks import report_failure
 
 TRAINING_PREFIX = "--dp-schedule-"
 """Training's flags: ``--dp-schedule-<stem>``."""
@@ -581,13 +582,37 @@ def _refuse_unknown(rest: Sequence[str]) -> None:
 
 
 def exit_on_bad_flags(argv: Sequence[str], *, prog: str) -> None:
-    """:func:`check_argv`, for an entry point's first line: a bad flag prints ``<prog>: error: ...`` (one line,
-    before Megatron's argument dump) and exits with status 2."""
+    """:func:`check_argv`, for an entry point's first line: a bad flag ends the job in one line before Megatron's
+    argument dump (:func:`exit_with_flag_error`)."""
     try:
         check_argv(argv)
     except OptionError as error:
-        print(f"{prog}: error: {' '.join(str(error).split())}", file=sys.stderr)
-        raise SystemExit(2) from None
+        exit_with_flag_error(str(error), prog=prog)
+
+
+def one_line_parser_errors(parser: argparse.ArgumentParser, *, prog: str) -> argparse.ArgumentParser:
+    """Make ``parser`` (Megatron's, handed to an ``extra_args_provider``) report a bad flag as one line
+    ``<prog>: error: ...`` once per job (:func:`exit_with_flag_error`) instead of its usage and error on every
+    rank; an unknown or bad ``--dp-schedule*`` flag in the command line gets :func:`check_argv`'s message (the
+    closest known flag) instead of "unrecognized arguments". Returns ``parser``."""
+
+    def error(message: str) -> NoReturn:
+        try:
+            check_argv(sys.argv[1:])  # what the parser parses
+        except OptionError as ours:
+            message = str(ours)
+        exit_with_flag_error(message, prog=prog)
+
+    parser.error = error  # type: ignore[method-assign]
+    return parser
+
+
+def exit_with_flag_error(message: str, *, prog: str) -> NoReturn:
+    """Report ``<prog>: error: <message>`` (one line) once per job
+    (:func:`~megatron_dpsched.runtime.ranks.report_failure`: rank 0 prints it, every rank records it for torchrun's
+    summary) and exit with status 2, as ``argparse`` does for a bad flag."""
+    report_failure(f"{prog}: error: {' '.join(message.split())}", same_on_every_rank=True)
+    raise SystemExit(2)
 
 
 # --- argparse: training's group and the what-if tool's mirror -----------------------------------------------------

@@ -46,6 +46,7 @@ available, installs ``megatron_dpsched.testing.cpu_shim`` (maps CUDA placement t
 initializes Megatron with ``initialize_megatron_on_cpu`` on a gloo group, then runs
 Megatron's real ``setup_model_and_optimizer``, data-iterator builder and ``train()``.
 ``--step-stats-dir DIR`` writes per-step, per-rank statistics (``megatron_dpsched.megatron.step_recorder``).
+``--quiet`` hides Megatron's argument dump and per-step lines (``megatron_dpsched.megatron.quiet``).
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ from megatron_dpsched.data.sampling import parse_blend, parse_split  # noqa: E40
 from megatron_dpsched.megatron import (  # noqa: E402
     ScheduledForwardStep,
     add_dp_schedule_args,
+    quiet,
     scheduled_datasets_provider,
     setup_dp_schedule,
 )
@@ -94,7 +96,8 @@ _state: dict[str, Any] = {}
 
 
 def extra_args_provider(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The plugin's ``--dp-schedule*`` flags plus this entry point's own."""
+    """The plugin's ``--dp-schedule*`` flags (a bad flag of Megatron's is one line per job too) plus this entry
+    point's own."""
     add_dp_schedule_args(parser)
     group = parser.add_argument_group(title="pretrain_gpt_dpsched")
     group.add_argument(DRY_RUN_FLAG, action="store_true",
@@ -102,6 +105,10 @@ def extra_args_provider(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                             "Refused where CUDA is available.")
     group.add_argument("--step-stats-dir", default=None,
                        help="Write per-step statistics to DIR/rank<r>.jsonl.")
+    group.add_argument(quiet.QUIET_FLAG, action="store_true",
+                       help="Quiet mode: hide Megatron's argument dump and per-step lines, keep the plugin's lines, "
+                            "warnings, errors, checkpoint saves and loads and the last step's line "
+                            "(megatron_dpsched.megatron.quiet).")
     return parser
 
 
@@ -466,7 +473,9 @@ def _data_iterators(num_chunks: int) -> tuple[Any, Any]:
 def main() -> None:
     """Parse and check the flags (a bad one: one line naming it, before anything is built), then train; what
     the plugin refuses while training is one line too (``dp-schedule: rank R step S: ...``, exit code 2;
-    ``DPSCHED_DEBUG=1`` shows the traceback)."""
+    ``DPSCHED_DEBUG=1`` shows the traceback). ``--quiet``: :mod:`megatron_dpsched.megatron.quiet`."""
+    if quiet.QUIET_FLAG in sys.argv[1:]:
+        quiet.install()
     exit_on_bad_flags(sys.argv[1:], prog=Path(sys.argv[0]).name)  # one line, before Megatron's argument dump
     dry_run = DRY_RUN_FLAG in sys.argv[1:]
     try:

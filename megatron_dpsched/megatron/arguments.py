@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from megatron_dpsched.core.config import ScheduleConfig
@@ -32,6 +34,7 @@ from megatron_dpsched.options import (
     OptionError,
     add_options,
     config_flags,
+    one_line_parser_errors,
     resolve_collate_format,
 )
 
@@ -60,7 +63,13 @@ def escape_stray_percent(parser: argparse.ArgumentParser) -> None:
 def add_dp_schedule_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``--dp-schedule*`` flags (one per :class:`DPScheduleOptions` field); usable as Megatron's
     ``extra_args_provider`` (which Megatron calls after adding its own flags: their help texts are made
-    printable, see :func:`escape_stray_percent`)."""
+    printable, see :func:`escape_stray_percent`; a bad flag is one line per job,
+    :func:`~megatron_dpsched.options.one_line_parser_errors`). With ``DPSCHED_QUIET=1`` the process runs quiet from
+    here (:mod:`~megatron_dpsched.megatron.quiet`: before Megatron prints its argument dump)."""
+    from megatron_dpsched.megatron import quiet
+
+    quiet.install_if_requested()
+    one_line_parser_errors(parser, prog=Path(sys.argv[0]).name)
     escape_stray_percent(parser)
     group = parser.add_argument_group(title="dp-schedule (global micro-batch scheduling)")
     group.add_argument("--dp-schedule", action="store_true", help=SWITCH_HELP)

@@ -3,7 +3,9 @@
 1. **Before Megatron parses** (no torch): :func:`check_argv` and :func:`exit_on_bad_flags`, an entry point's
    first line: a bad ``--dp-schedule*`` flag in one line, before Megatron's argument dump. They are made from the
    option fields and run without torch, so they live in :mod:`megatron_dpsched.options` (which the torch-free
-   what-if tool imports too) and are re-exported here.
+   what-if tool imports too) and are re-exported here, with :func:`one_line_parser_errors`, which makes Megatron's
+   own parser report a bad flag (``--seq-length 16k``) the same way (``add_dp_schedule_args`` installs it). Each
+   is reported once per job (rank 0 prints, torchrun's summary names it) and exits with status 2.
 2. **After Megatron parses**: :func:`check_before_validate_args` refuses, as one line naming the flags, what
    Megatron's ``validate_args`` would assert on (a traceback per rank) and, with ``--dp-schedule``, Megatron's own
    packing and hybrid-CP flags (both flags named, and the choice); :func:`validate_dp_schedule_args`, after
@@ -41,13 +43,15 @@ from megatron_dpsched.options import (
     check_argv,
     check_setting,
     exit_on_bad_flags,
+    one_line_parser_errors,
     without_switch,
 )
 from megatron_dpsched.runtime.over_cap import find_over_cap, over_cap_notice
 from megatron_dpsched.runtime.ranks import print_rank_0
 
 __all__ = ["check_argv", "check_before_validate_args", "check_dataset_size", "check_over_cap", "check_training_data",
-           "dataset_lengths", "exit_on_bad_flags", "padded_vocab_size", "validate_dp_schedule_args"]
+           "dataset_lengths", "exit_on_bad_flags", "one_line_parser_errors", "padded_vocab_size",
+           "validate_dp_schedule_args"]
 
 
 # --- 1. before Megatron parses: check_argv, exit_on_bad_flags (megatron_dpsched.options) --------------------------
@@ -279,18 +283,21 @@ def check_training_data(args: Any) -> None:
 # --- 3. when the data is known ----------------------------------------------------------------------------------
 
 
-def dataset_lengths(dataset: Any) -> Sequence[int]:
-    """The token count of every sample of ``dataset`` (its ``lengths``); a ``ValueError`` for a dataset the
-    planner cannot read (none, a wrong count, Megatron's packing ``SFTDataset``)."""
+def dataset_lengths(dataset: Any, *, role: str | None = None) -> Sequence[int]:
+    """The token count of every sample of ``dataset`` (its ``lengths``); a ``ValueError`` naming the dataset
+    (``role``: train, valid or test, and its type) for one the planner cannot read (none, a wrong count,
+    Megatron's packing ``SFTDataset``)."""
     if type(dataset).__name__ == "SFTDataset":
         raise ValueError("--dp-schedule cannot plan Megatron's SFTDataset: it packs conversations into "
                          "--seq-length rows; give one conversation per sample "
                          "(megatron_dpsched.data.ConversationJsonlDataset) and let the planner pack")
     lengths = getattr(dataset, "lengths", None)
     if lengths is None or len(lengths) != len(dataset):
+        which = f"the {role} dataset ({type(dataset).__name__})" if role else type(dataset).__name__
+        got = type(lengths).__name__ if lengths is None else f"{len(lengths)} lengths for {len(dataset)} samples"
         raise ValueError(
-            f"--dp-schedule needs the token count of every sample: give {type(dataset).__name__} a "
-            f"'lengths' sequence with one entry per sample (got {type(lengths).__name__})"
+            f"--dp-schedule needs the token count of every sample: give {which} a "
+            f"'lengths' sequence with one entry per sample (got {got})"
         )
     return lengths
 

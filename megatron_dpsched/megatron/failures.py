@@ -16,21 +16,19 @@ has started) and ends the process with exit code :data:`EXIT_CODE`, without runn
 process group whose peers wait in a collective cannot be torn down cleanly). Everything else (Megatron's own
 errors, bugs) propagates unchanged, traceback included; so does every error with ``DPSCHED_DEBUG=1``.
 
-Under ``torchrun`` the message also goes to the rank's ``TORCHELASTIC_ERROR_FILE``, so torchrun's failure
-summary shows it as the root cause instead of "To enable traceback see ...". torchrun itself still ends with
-its own ``ChildFailedError`` traceback (it raises one whenever a child exits non-zero). When every rank
-fails the same way, rank 0 prints at once and the other ranks wait :data:`OTHER_RANKS_DELAY_S` first:
-torchrun stops them when rank 0 exits, so the job prints one line; a failure on one rank alone is printed
-by that rank after the delay.
+Under ``torchrun`` the line is reported once per job (:func:`~megatron_dpsched.runtime.ranks.report_failure`):
+every rank writes it to its ``TORCHELASTIC_ERROR_FILE``, so torchrun's failure summary shows it as the root cause
+instead of "To enable traceback see ..."; rank 0 prints at once, another rank waits a few seconds first (torchrun
+stops it when rank 0 failed too, so the job prints one line; a failure on one rank alone is printed by that rank
+after the wait). torchrun itself still ends with its own ``ChildFailedError`` traceback (it raises one whenever a
+child exits non-zero).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -38,14 +36,12 @@ from types import TracebackType
 
 import megatron_dpsched
 from megatron_dpsched.runtime.megatron_state import megatron_args
-from megatron_dpsched.runtime.ranks import global_rank
+from megatron_dpsched.runtime.ranks import global_rank, report_failure
 
 DEBUG_ENV = "DPSCHED_DEBUG"
 """Set to 1 to get the traceback instead of the one line."""
 EXIT_CODE = 2
 """Exit code of a refused run (a user or data error), as for a bad command-line flag."""
-OTHER_RANKS_DELAY_S = 3.0
-"""Seconds a rank other than 0 waits before printing (torchrun stops it first when rank 0 failed too)."""
 PREFIX = "dp-schedule: "
 PACKAGE = Path(megatron_dpsched.__file__).resolve().parent
 
@@ -125,16 +121,12 @@ def one_line(error: BaseException) -> str:
 
 
 def exit_with_line(error: BaseException, *, prefix: str | None = None) -> None:
-    """Print :func:`failure_line` (or ``prefix`` and the message: a flag error, the same on every rank; rank 0
-    at once, others after :data:`OTHER_RANKS_DELAY_S`), record it for torchrun, and end the process with
+    """Report :func:`failure_line` (or ``prefix`` and the message) once per job
+    (:func:`~megatron_dpsched.runtime.ranks.report_failure`: recorded for torchrun, printed by rank 0 at once and by
+    another rank only if it is still running after a few seconds) and end the process with
     :data:`EXIT_CODE`."""
-    rank = global_rank()
-    line = failure_line(error, rank=rank, step=_step()) if prefix is None else prefix + one_line(error)
-    if rank:
-        time.sleep(OTHER_RANKS_DELAY_S)
-    _write_error_file(line)
-    sys.stdout.flush()
-    print(line, file=sys.stderr, flush=True)
+    line = failure_line(error, rank=global_rank(), step=_step()) if prefix is None else prefix + one_line(error)
+    report_failure(line, same_on_every_rank=False)
     os._exit(EXIT_CODE)
 
 
@@ -142,13 +134,3 @@ def _step() -> int | None:
     """The training iteration Megatron's ``train()`` is in, ``None`` before it started."""
     step = getattr(megatron_args(), "curr_iteration", None)
     return step if isinstance(step, int) else None
-
-
-def _write_error_file(line: str) -> None:
-    """torchrun's per-rank error file, which its failure summary prints."""
-    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if not path:
-        return
-    with contextlib.suppress(OSError):
-        Path(path).write_text(json.dumps({"message": {"message": line, "extraInfo": {
-            "py_callstack": line, "timestamp": str(int(time.time()))}}}))  # torchrun prints py_callstack

@@ -11,10 +11,13 @@ or without ``--dp-schedule``), and the source patch wraps the same names with th
    with MAX (and of their negatives), on the GPU with NCCL, on the host with gloo. A field that differs
    raises the same ``ValueError`` on every rank, naming the field and the ranks of each value, before any
    model exists (a rank without ``--dp-schedule`` fails as fast as the others instead of leaving them
-   waiting in a collective that it never joins). Then Megatron's function (which loads ``--load``); on a
-   resume with ``--dp-schedule`` the checkpoint's :data:`~megatron_dpsched.runtime.job_identity.STATE_FILE` is
-   compared with this job: a change of data or options raises ``ValueError`` naming it, unless
-   ``--dp-schedule-changed-resume allow``, which logs what changed.
+   waiting in a collective that it never joins). On a resume with ``--dp-schedule`` the state file
+   (:data:`~megatron_dpsched.runtime.job_identity.STATE_FILE`) of the checkpoint Megatron is about to load
+   (:func:`iteration_to_load`) is compared with this job before Megatron's function loads it (whose own asserts,
+   such as its learning-rate scheduler's on another ``--global-batch-size``, would fire first): a change of data
+   or options raises ``ValueError`` naming it, unless ``--dp-schedule-changed-resume allow``, which logs what
+   changed. Then the checks of :data:`BEFORE_MODEL` (the datasets' ``lengths``), then Megatron's function (which
+   builds the model and loads ``--load``).
 2. :func:`with_state_file` wraps ``save_checkpoint``: after Megatron's save, global rank 0 writes the
    state file into the iteration folder: the job identity and the fingerprint of the plan of the step
    that follows (which a resume compares with the plan of its first step).
@@ -27,6 +30,7 @@ import functools
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -44,6 +48,7 @@ from megatron_dpsched.runtime.job_identity import (
     PLANNER_FIELD,
     RUN_TIME_OPTIONS_FIELD,
     STATE_FILE,
+    SUMMARY_CHARS,
     JobIdentity,
     content_summary,
     data_files,
@@ -62,6 +67,9 @@ DATA_FLAGS = ("data_path", "train_data_path", "valid_data_path", "test_data_path
 """Megatron's arguments that say which data the job reads."""
 ALLOW_FLAG = "--dp-schedule-changed-resume allow"
 
+BEFORE_MODEL: list[Callable[[], None]] = []
+"""More checks :func:`with_job_checks` runs (once each, then drops) after the job checks, before the next model is
+built (each ``scheduled_datasets_provider`` adds the check of its datasets: ``lengths`` before the model exists)."""
 _state: dict[str, Any] = {}
 """``identity``: this job's, once agreed; ``resume``: what a checked resume expects of its first step."""
 
@@ -74,8 +82,11 @@ def with_job_checks(setup_model_and_optimizer: Callable[..., Any]) -> Callable[.
         from megatron.training.global_vars import get_args
 
         identity = agree_on_this_job(get_args())
+        check_resume(get_args(), identity, iteration=iteration_to_load(get_args()))  # before Megatron's asserts
+        while BEFORE_MODEL:  # each runs once, for the next model built
+            BEFORE_MODEL.pop(0)()
         result = setup_model_and_optimizer(*args, **kwargs)
-        check_resume(get_args(), identity)
+        check_resume(get_args(), identity, iteration=get_args().iteration)  # the one loaded, if not known before
         return result
 
     return checked
@@ -198,19 +209,40 @@ def next_step_of(feed: StepFeed, consumed_samples: int) -> dict[str, int] | None
     return {"step": batches.step, "consumed_samples": consumed_samples, "fingerprint": batches.fingerprint}
 
 
-def check_resume(args: Any, identity: JobIdentity) -> None:
-    """After Megatron loaded ``--load`` at ``args.iteration``: the checkpoint's job must be this one."""
-    if not getattr(args, "dp_schedule", False) or not args.iteration or not args.load:
+def iteration_to_load(args: Any) -> int | None:
+    """The iteration Megatron's ``load_checkpoint`` will load from ``--load`` (``--ckpt-step``, else the
+    checkpoint folder's tracker file), read before it loads; ``None`` where none will be (no ``--load``,
+    ``--finetune``, a release checkpoint, no tracker file)."""
+    if not getattr(args, "load", None) or getattr(args, "finetune", False):
+        return None
+    if getattr(args, "ckpt_step", None) is not None:
+        return int(args.ckpt_step)
+    from megatron.training.checkpointing import get_checkpoint_tracker_filename
+
+    try:
+        text = Path(get_checkpoint_tracker_filename(args.load)).read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def check_resume(args: Any, identity: JobIdentity, *, iteration: int | None) -> None:
+    """On a resume (``--load`` at ``iteration``: the one Megatron will load or has loaded): the checkpoint's job
+    must be this one. Each iteration is checked once."""
+    if not getattr(args, "dp_schedule", False) or not iteration or not args.load \
+            or _state.get("resume_checked") == iteration:
         return
-    path = os.path.join(args.load, f"iter_{args.iteration:07d}", STATE_FILE)
+    _state["resume_checked"] = iteration
+    path = os.path.join(args.load, f"iter_{iteration:07d}", STATE_FILE)
     state = read_state(path)
     if state is None:
         print_rank_0(f"dp-schedule: WARNING: {path} does not exist (a checkpoint saved without --dp-schedule): "
                       f"this resume cannot be checked against the data and options it was saved with")
         return
-    changes = resume_changes(state["job"], identity)
+    changes = [_narrowed(change, saved=state["job"], identity=identity)
+               for change in resume_changes(state["job"], identity)]
     allowed = DPScheduleOptions.from_args(args).changed_resume == "allow"
-    where = f"iteration {args.iteration} of {args.load}"
+    where = f"iteration {iteration} of {args.load}"
     if changes and not allowed:
         raise ValueError(f"dp-schedule: resuming {where} with other data or options: {'; '.join(changes)}. "
                          f"Resume with what the checkpoint was saved with, or give {ALLOW_FLAG} to go on with "
@@ -243,6 +275,19 @@ def check_resumed_step(feed: StepFeed, step: StepBatches) -> None:
 
 
 # --- helpers ---------------------------------------------------------------------------------------
+
+
+def _narrowed(change: str, *, saved: dict[str, str], identity: JobIdentity) -> str:
+    """A change of a field whose summaries are too long to show whole (the planner config's listing ``a=1, b=2,
+    ...``) shown as the items that differ (``planner config: 'global_batch_size=8' -> 'global_batch_size=16'``);
+    other changes as they are."""
+    name = change.split(":", 1)[0]
+    before, after = saved.get(name), dict(identity.fields).get(name)
+    if before is None or after is None or max(len(before), len(after)) <= SUMMARY_CHARS:
+        return change
+    old, new = before.split(", "), after.split(", ")
+    gone, added = ", ".join(i for i in old if i not in new), ", ".join(i for i in new if i not in old)
+    return f"{name}: {gone or '(none)'!r} -> {added or '(none)'!r}" if gone or added else change
 
 
 def _words(value: Any) -> list[str]:

@@ -22,9 +22,10 @@ this module only wires datasets, ranks and flags together.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from megatron_dpsched.data.sampling import SampleOrder
@@ -91,16 +92,43 @@ def scheduled_datasets_provider(provider: DatasetsProvider) -> DatasetsProvider:
 
     One feed per role (train, valid, test), built on the first call: Megatron calls the
     provider once per virtual pipeline stage, and every stage must read the same feed
-    even when the provider builds fresh dataset objects each time.
+    even when the provider builds fresh dataset objects each time. With ``--dp-schedule`` the
+    provider is first called before the model is built (a job check,
+    :data:`~megatron_dpsched.megatron.job_checks.BEFORE_MODEL`, with the sample counts Megatron will ask for and
+    the random states kept), so a dataset without ``lengths`` fails before the model exists; Megatron's own call
+    then gets those datasets.
     """
+    from megatron_dpsched.megatron import job_checks
+
     feeds: dict[str, ScheduledDatasetLoader] = {}
     takes_vp_stage = "vp_stage" in inspect.signature(provider).parameters
+    early: dict[str, Any] = {}
+
+    def datasets_of(num_samples: Any, vp_stage: int | None) -> tuple[Any, Any, Any]:
+        if early.get("key") == (_counts(num_samples), vp_stage):
+            early.pop("key")
+            return early.pop("datasets")
+        return provider(num_samples, vp_stage=vp_stage) if takes_vp_stage else provider(num_samples)
+
+    def check_before_model() -> None:
+        from megatron.training.global_vars import get_args
+
+        args = get_args()
+        num_samples = _megatron_num_samples(args) if getattr(args, "dp_schedule", False) else None
+        if num_samples is None:
+            return
+        vp_stage = 0 if args.virtual_pipeline_model_parallel_size is not None else None
+        with _random_states_kept():
+            early.update(key=(_counts(num_samples), vp_stage), datasets=datasets_of(num_samples, vp_stage))
+        for role, dataset in zip(ROLES, early["datasets"]):
+            if dataset is not None:
+                dataset_lengths(dataset, role=role)
 
     def wrapped(num_samples: Any, vp_stage: int | None = None) -> tuple[Any, Any, Any]:
         from megatron.training.global_vars import get_args
 
         args = get_args()
-        datasets = provider(num_samples, vp_stage=vp_stage) if takes_vp_stage else provider(num_samples)
+        datasets = datasets_of(num_samples, vp_stage)
         if not getattr(args, "dp_schedule", False):
             return datasets
         needed = list(num_samples) if isinstance(num_samples, (list, tuple)) else [None] * len(ROLES)
@@ -113,7 +141,45 @@ def scheduled_datasets_provider(provider: DatasetsProvider) -> DatasetsProvider:
     wrapped.__doc__ = provider.__doc__
     wrapped.is_distributed = True  # every tensor-parallel rank builds the same feed itself
     wrapped.feeds = feeds  # role -> feed, built on first use
+    job_checks.BEFORE_MODEL.append(check_before_model)
     return wrapped
+
+
+def _counts(num_samples: Any) -> Any:
+    return tuple(num_samples) if isinstance(num_samples, (list, tuple)) else num_samples
+
+
+def _megatron_num_samples(args: Any) -> tuple[int | None, ...] | None:
+    """The sample counts Megatron's ``build_train_valid_test_datasets`` will ask the provider for (its
+    ``get_train_valid_test_num_samples``), where they do not depend on the checkpoint still to be loaded; else
+    ``None``."""
+    from megatron.training import training
+
+    if getattr(args, "phase_transition_iterations", None) or getattr(args, "eval_interval", None) is None:
+        return None
+    try:
+        return tuple(training.get_train_valid_test_num_samples())
+    except (AssertionError, AttributeError, TypeError):
+        return None
+
+
+@contextlib.contextmanager
+def _random_states_kept() -> Iterator[None]:
+    """Python's, NumPy's and torch's random states (this device's too) as they were before the block: the
+    provider's early call does not change the model's initialisation."""
+    import random
+
+    import numpy as np
+    import torch
+
+    states = random.getstate(), np.random.get_state()
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        try:
+            yield
+        finally:
+            random.setstate(states[0])
+            np.random.set_state(states[1])
 
 
 def _chunk_of(
@@ -148,7 +214,7 @@ def build_feed(
     """
     from megatron.core import parallel_state as mpu
 
-    lengths = dataset_lengths(dataset)
+    lengths = dataset_lengths(dataset, role=role)
     order = sample_order_from_args(args, num_samples=len(lengths), groups=getattr(dataset, "groups", None))
     if not order.cyclic:
         check_dataset_size(role, len(lengths), num_samples, args=args)
