@@ -8,5 +8,6 @@
 * :mod:`.caps`: a sweep's figures per cap and the cap it recommends (what :mod:`.sweep` prints and
   :mod:`.plots` draws).
 
-Pure Python except :mod:`.plots` (matplotlib, imported when called) and indexed datasets (megatron-core).
+Pure Python except :mod:`.plots` (matplotlib, imported when called); indexed datasets are read with NumPy
+(:mod:`megatron_dpsched.data.indexed_file`).
 """
