@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
+
 
 def planned_sizes(lengths: Sequence[int], *, pad_multiple: int) -> tuple[int, ...]:
     """Every length rounded up to a multiple of ``pad_multiple`` (the lengths themselves for 1)."""
@@ -61,3 +63,11 @@ def gemm_alignment_for(*, fp8: str | None = None, fp8_recipe: str | None = None,
     if fp8:
         return 32 if fp8_recipe == "mxfp8" else 16
     return 32 if fp4 else 1
+
+
+def rooms(*, counts: np.ndarray, fills: np.ndarray, longest: np.ndarray, cap: int, padded_rows: bool) -> np.ndarray:
+    """:func:`room` of many micro-batches at once (NumPy arrays of their sample counts, fills and longest sizes)."""
+    if padded_rows:
+        rows = counts + 1
+        return np.where(rows * longest <= cap, cap // rows, 0)
+    return cap - fills
