@@ -241,7 +241,7 @@ def pack_ranks(
 ) -> list[list[list[int]] | None]:
     """:func:`pack_into` of every rank's items (the same micro-batches); the worst-fit pass runs on all ranks at
     once with NumPy when there are at least :data:`VECTOR_RANKS` ranks (:func:`_worst_fit_ranks`), then the
-    best-fit pass on all ranks where worst fit overflowed (:func:`_best_fit_ranks`)."""
+    best-fit pass on all ranks where worst fit overflowed (:func:`best_fit_ranks`)."""
     total, width = sum(len(items) for items in ranks), max((len(items) for items in ranks), default=0)
     if padded_rows or len(ranks) < VECTOR_RANKS or width * len(ranks) > 4 * total + 65536:
         return [pack_into(items, sizes, cap, num_bins, padded_rows=padded_rows) for items in ranks]
@@ -251,7 +251,7 @@ def pack_ranks(
     if not overflowed:
         return packed
     subset = _grid_subset(layout, np.array([bins is None for bins in packed], dtype=bool))
-    refits = _best_fit_ranks([ranks[r] for r in overflowed], sizes, cap, layout=subset)
+    refits = best_fit_ranks([ranks[r] for r in overflowed], sizes, cap, layout=subset)
     for r, (bins, loads) in zip(overflowed, refits, strict=True):
         packed[r] = None if len(bins) > num_bins else _split_owned(bins, sizes, num_bins, loads=loads)  # fresh
     return packed
@@ -332,7 +332,7 @@ def _gather_bins(flat_items: np.ndarray, key: np.ndarray, count: int) -> list[li
     return [members[a:b] for a, b in zip([0, *bounds[:-1]], bounds)]
 
 
-def _best_fit_ranks(
+def best_fit_ranks(
     ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int, *, layout: Grid | None = None
 ) -> list[tuple[list[list[int]], list[int]]]:
     """:func:`best_fit_decreasing` of every rank, with its bins' token loads; all ranks at once with NumPy

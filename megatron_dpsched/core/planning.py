@@ -20,11 +20,11 @@ from megatron_dpsched.core.objective import MAX_STALE_COUNTS, count_bound, plan_
 from megatron_dpsched.core.ordering import order_micro_batches
 from megatron_dpsched.core.packing import (
     best_fit_decreasing,
+    best_fit_ranks,
     bin_lower_bound,
     first_fit,
     pack_ranks,
     split_to_count,
-    target_bin,
 )
 from megatron_dpsched.core.padding import collated_size, planned_sizes
 
@@ -330,17 +330,20 @@ def _repair_overflow(
     ones (best-fit decreasing, by collated size) to the least-loaded ranks with room; ``None`` if one fits nowhere."""
     cap, rows = config.token_cap, config.padded_rows
     loads = [sum(costs[i] for i in items) for items in ranks]
+    failing = [rank for rank, bins in enumerate(packed) if bins is None]
+    if rows:
+        refits = [(bins, [collated_size(b, sizes, padded_rows=True) for b in bins])
+                  for bins in (best_fit_decreasing(ranks[r], sizes, cap, padded_rows=True) for r in failing)]
+    else:
+        refits = best_fit_ranks([ranks[r] for r in failing], sizes, cap)
     homeless: list[int] = []
-    bins_per_rank: list[RankPlan] = []
-    for rank, bins in enumerate(packed):
-        if bins is None:
-            bins = sorted(best_fit_decreasing(ranks[rank], sizes, cap, padded_rows=rows),
-                          key=lambda b: -collated_size(b, sizes, padded_rows=rows))
-            for item in (i for b in bins[num_microbatches:] for i in b):
-                homeless.append(item)
-                loads[rank] -= costs[item]
-            bins = bins[:num_microbatches]
-        bins_per_rank.append(bins)
+    bins_per_rank = list(packed)
+    for rank, (bins, collated) in zip(failing, refits, strict=True):
+        order = sorted(range(len(bins)), key=lambda b: -collated[b])
+        for item in (i for b in order[num_microbatches:] for i in bins[b]):
+            homeless.append(item)
+            loads[rank] -= costs[item]
+        bins_per_rank[rank] = [bins[b] for b in order[:num_microbatches]]
     if not _rehome(sorted(homeless, key=lambda i: -sizes[i]), bins_per_rank, loads, sizes=sizes, costs=costs,
                    config=config):
         return None
@@ -351,26 +354,46 @@ def _rehome(
     homeless: list[int], bins_per_rank: list[RankPlan], loads: list[float], *,
     sizes: list[int], costs: list[float], config: ScheduleConfig,
 ) -> bool:
-    """Each homeless sample (longest first) into the lightest rank with room; ``False`` if one fits nowhere."""
+    """Each homeless sample (longest first) into the lightest rank with room (the first empty micro-batch, else
+    the first with room); ``False`` if one fits nowhere. The micro-batches' fills, counts, longest samples and
+    rooms are NumPy arrays, rank by rank (:func:`_bin_arrays`)."""
     cap, rows = config.token_cap, config.padded_rows
-    fills = [[collated_size(b, sizes, padded_rows=False) for b in bins] for bins in bins_per_rank]
-    longest = [[max((sizes[i] for i in b), default=0) for b in bins] for bins in bins_per_rank]
-
-    def room(rank: int, b: int) -> int:
-        return padding.room(count=len(bins_per_rank[rank][b]), fill=fills[rank][b], longest=longest[rank][b],
-                            cap=cap, padded_rows=rows)
-
-    rooms = [[room(r, b) for b in range(len(bins))] for r, bins in enumerate(bins_per_rank)]
+    first, counts, fills, longest = _bin_arrays(bins_per_rank, sizes)
+    rooms = padding.rooms(counts=counts, fills=fills, longest=longest, cap=cap, padded_rows=rows)
+    if not rows and sum(sizes[i] for i in homeless) > int(np.maximum(rooms, 0).sum()):
+        return False  # not enough room left on all ranks together
+    widest = np.array([int(rooms[a:b].max(initial=0)) for a, b in zip(first, first[1:])], dtype=np.int64)
+    rank_loads = np.array(loads, dtype=np.float64)
     for item in homeless:
         size = sizes[item]
-        fits = [r for r in range(len(loads)) if rooms[r] and max(rooms[r]) >= size]
-        if not fits:
+        fits = widest >= size
+        if not fits.any():
             return False
-        rank = min(fits, key=lambda r: loads[r])
-        b = target_bin(fills[rank], rooms[rank], size)
-        bins_per_rank[rank][b].append(item)
-        fills[rank][b] += size
-        longest[rank][b] = max(longest[rank][b], size)
-        rooms[rank][b] = room(rank, b)
-        loads[rank] += costs[item]
+        rank = int(np.argmin(np.where(fits, rank_loads, np.inf)))
+        a, z = first[rank], first[rank + 1]
+        empty = np.flatnonzero(fills[a:z] == 0)
+        b = a + (int(empty[0]) if len(empty) else int(np.argmax(rooms[a:z] >= size)))
+        bins_per_rank[rank][b - a].append(item)
+        counts[b], fills[b], longest[b] = counts[b] + 1, fills[b] + size, max(int(longest[b]), size)
+        rooms[b] = padding.room(count=int(counts[b]), fill=int(fills[b]), longest=int(longest[b]), cap=cap,
+                                padded_rows=rows)
+        widest[rank] = int(rooms[a:z].max())
+        rank_loads[rank] = float(rank_loads[rank]) + costs[item]
     return True
+
+
+def _bin_arrays(
+    bins_per_rank: list[RankPlan], sizes: list[int]
+) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray]:
+    """Where each rank's micro-batches start in the arrays, and each micro-batch's sample count, planned tokens
+    and longest planned size (0 for an empty one)."""
+    first = np.concatenate(([0], np.cumsum([len(bins) for bins in bins_per_rank]))).tolist()
+    counts = np.fromiter((len(b) for bins in bins_per_rank for b in bins), dtype=np.int64, count=first[-1])
+    flat = np.fromiter((i for bins in bins_per_rank for b in bins for i in b), dtype=np.int64,
+                       count=int(counts.sum()))
+    owner = np.repeat(np.arange(first[-1]), counts)
+    flat_sizes = np.asarray(sizes, dtype=np.int64)[flat]
+    fills = np.bincount(owner, weights=flat_sizes, minlength=first[-1]).astype(np.int64)
+    longest = np.zeros(first[-1], dtype=np.int64)
+    np.maximum.at(longest, owner, flat_sizes)
+    return first, counts, fills, longest
