@@ -195,7 +195,7 @@ def assign_bins(
     bin_ids = range(len(bins))
     if not balance:
         return [list(bin_ids[r::num_ranks]) for r in range(num_ranks)]
-    bin_costs = [sum(costs[i] for i in b) for b in bins]
+    bin_costs = [sum(map(costs.__getitem__, b)) for b in bins]
     return lpt_assign(
         bin_ids, costs=bin_costs, weights=[1.0] * len(bins), capacity=per_rank, num_ranks=num_ranks
     )

@@ -18,7 +18,7 @@ from itertools import chain
 
 import numpy as np
 
-from megatron_dpsched.core.padding import collated_size
+from megatron_dpsched.core.padding import collated_size, collated_sizes
 
 
 def bin_lower_bound(sizes: Sequence[int], cap: int, *, padded_rows: bool = False) -> int:
@@ -198,7 +198,7 @@ def _split_owned(
     if len(out) == num_bins:
         return out
     if loads is None:
-        loads = [collated_size(b, sizes, padded_rows=padded_rows) for b in out]
+        loads = collated_sizes(out, sizes, padded_rows=padded_rows)
     heap = [(-load, i) for i, (b, load) in enumerate(zip(out, loads, strict=True)) if len(b) > 1]
     heapq.heapify(heap)
     halve = _split_rows if padded_rows else _halve

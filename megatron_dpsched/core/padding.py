@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from itertools import chain
 
 import numpy as np
 
@@ -27,7 +28,7 @@ def collated_size(items: Sequence[int], sizes: Sequence[int], *, padded_rows: bo
         return 0
     if padded_rows:
         return len(items) * max(sizes[i] for i in items)
-    return sum(sizes[i] for i in items)
+    return sum(map(sizes.__getitem__, items))
 
 
 def room(*, count: int, fill: int, longest: int, cap: int, padded_rows: bool) -> int:
@@ -71,3 +72,17 @@ def rooms(*, counts: np.ndarray, fills: np.ndarray, longest: np.ndarray, cap: in
         rows = counts + 1
         return np.where(rows * longest <= cap, cap // rows, 0)
     return cap - fills
+
+
+def collated_sizes(bins: Sequence[Sequence[int]], sizes: Sequence[int], *, padded_rows: bool) -> list[int]:
+    """:func:`collated_size` of every micro-batch of ``bins``, with NumPy."""
+    counts = np.fromiter(map(len, bins), dtype=np.int64, count=len(bins))
+    flat = np.fromiter(chain.from_iterable(bins), dtype=np.int64, count=int(counts.sum()))
+    flat_sizes = np.asarray(sizes, dtype=np.int64)[flat]
+    filled = counts > 0
+    starts = (np.cumsum(counts) - counts)[filled]  # a filled bin's samples run to the next filled bin's start
+    out = np.zeros(len(bins), dtype=np.int64)
+    if len(flat):
+        reduce = np.maximum if padded_rows else np.add
+        out[filled] = reduce.reduceat(flat_sizes, starts)
+    return (out * counts if padded_rows else out).tolist()

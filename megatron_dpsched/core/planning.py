@@ -333,7 +333,7 @@ def _repair_overflow(
     """A rank whose samples need more than ``num_microbatches`` micro-batches hands the samples of its emptiest
     ones (best-fit decreasing, by collated size) to the least-loaded ranks with room; ``None`` if one fits nowhere."""
     cap, rows = config.token_cap, config.padded_rows
-    loads = [sum(costs[i] for i in items) for items in ranks]
+    loads = [sum(map(costs.__getitem__, items)) for items in ranks]
     failing = [rank for rank, bins in enumerate(packed) if bins is None]
     if rows:
         refits = [(bins, [collated_size(b, sizes, padded_rows=True) for b in bins])
