@@ -74,27 +74,86 @@ def chunk_decreasing(items: Sequence[int], sizes: Sequence[int], cap: int) -> li
 def best_fit_decreasing(
     items: Sequence[int], sizes: Sequence[int], cap: int, *, padded_rows: bool = False
 ) -> list[list[int]]:
-    """Pack ``items`` by best-fit decreasing (the 11/9 OPT + 6/9 bound of FFD) in O(n log n);
-    with ``padded_rows`` by :func:`chunk_decreasing` (the fewest micro-batches)."""
+    """Pack ``items`` by best-fit decreasing (the 11/9 OPT + 6/9 bound of FFD); with ``padded_rows`` by
+    :func:`chunk_decreasing` (the fewest micro-batches).
+
+    Items go longest first (ties in the order given), each into the open micro-batch of least room that fits it
+    (ties: the first opened), else into a new one; a micro-batch left without room, or holding a sample of at
+    least ``cap``, closes. Items of one size go together (:class:`_OpenBins`): a micro-batch of room ``r`` takes
+    ``r // size`` of them in a row (it stays the one of least room that fits), so the work is per size and
+    per distinct room, not per item.
+    """
     if padded_rows:
         return chunk_decreasing(items, sizes, cap)
-    bins: list[list[int]] = []
-    open_bins: list[tuple[int, int]] = []  # (residual, bin id), ascending
-    for item in sorted(items, key=lambda i: -sizes[i]):
-        size = sizes[item]
-        if size >= cap:
-            bins.append([item])
-            continue
-        pos = bisect_left(open_bins, (size, -1))
-        if pos == len(open_bins):
-            bins.append([item])
-            insort(open_bins, (cap - size, len(bins) - 1))
-            continue
-        residual, bin_id = open_bins.pop(pos)
-        bins[bin_id].append(item)
-        if residual > size:
-            insort(open_bins, (residual - size, bin_id))
-    return bins
+    ids = np.fromiter(items, dtype=np.int64) if not isinstance(items, np.ndarray) else items.astype(np.int64)
+    if not len(ids):
+        return []
+    item_sizes = np.asarray(sizes, dtype=np.int64)[ids]
+    order = np.argsort(-item_sizes, kind="stable")
+    ids, item_sizes = ids[order], item_sizes[order]
+    owners = np.empty(len(ids), dtype=np.int64)
+    bounds = [0, *(np.flatnonzero(item_sizes[1:] != item_sizes[:-1]) + 1).tolist(), len(ids)]
+    open_bins = _OpenBins(cap)
+    for start, stop in zip(bounds[:-1], bounds[1:]):
+        open_bins.place(int(item_sizes[start]), owners, start=start, stop=stop)
+    return _gather_bins(ids, owners, open_bins.count)
+
+
+class _OpenBins:
+    """Best fit's open micro-batches: their ids by room (each room's ids ascending) and how many were opened."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap, self.count = cap, 0
+        self.by_room: dict[int, list[int]] = {}
+        self.rooms: list[int] = []  # the rooms of open micro-batches, ascending
+
+    def add(self, room: int, bins: list[int]) -> None:
+        """Open micro-batches ``bins`` (ascending) now have ``room`` (closed at 0)."""
+        if room <= 0 or not bins:
+            return
+        held = self.by_room.get(room)
+        if held is None:
+            insort(self.rooms, room)
+            self.by_room[room] = bins
+        else:  # two ascending runs: a linear merge
+            self.by_room[room] = sorted(held + bins)
+
+    def take(self, room: int, count: int) -> list[int]:
+        """The first ``count`` micro-batches of ``room`` (all of them when there are fewer), no longer there."""
+        held = self.by_room[room]
+        taken, left = held[:count], held[count:]
+        if left:
+            self.by_room[room] = left
+        else:
+            del self.by_room[room]
+            self.rooms.pop(bisect_left(self.rooms, room))
+        return taken
+
+    def place(self, size: int, owners: np.ndarray, *, start: int, stop: int) -> None:
+        """Place items ``start .. stop`` (of one ``size``) as one by one best fit would; ``owners``: their bins."""
+        position, cap = start, self.cap
+        if size < cap:
+            at = bisect_left(self.rooms, size)
+            while position < stop and at < len(self.rooms):
+                room = self.rooms[at]
+                each = room // size  # items a micro-batch of this room takes in a row
+                full = self.take(room, (stop - position) // each)
+                owners[position:position + len(full) * each] = np.repeat(full, each)
+                position += len(full) * each
+                self.add(room - each * size, full)
+                if position < stop and room in self.by_room:  # one takes the rest, fewer than ``each``
+                    (last,) = self.take(room, 1)
+                    owners[position:stop] = last
+                    self.add(room - (stop - position) * size, [last])
+                    position = stop
+                at = bisect_left(self.rooms, room + 1)
+        each = max(1, cap // size) if size < cap else 1  # new micro-batches: each takes this many
+        fresh = -(-(stop - position) // each)
+        owners[position:stop] = np.repeat(np.arange(self.count, self.count + fresh), each)[:stop - position]
+        if size < cap and fresh:
+            self.add(cap - each * size, list(range(self.count, self.count + fresh - 1)))
+            self.add(cap - (stop - position - (fresh - 1) * each) * size, [self.count + fresh - 1])
+        self.count += fresh
 
 
 def first_fit(items: Sequence[int], sizes: Sequence[int], cap: int) -> list[list[int]]:
