@@ -271,16 +271,16 @@ def _first_fitting_count(
 
 
 def _global_packing(sizes: list[int], config: ScheduleConfig) -> list[list[int]]:
-    """The better of best-fit decreasing and first fit in arrival order over the whole step (first fit only where
-    best fit uses more than the lower bound; so never more
-    micro-batches than a global first fit); with ``padded_rows`` the chunking of
+    """The better of best-fit decreasing and first fit in arrival order over the whole step (so never more
+    micro-batches per rank than a global first fit; best fit alone where its count per rank is step 2's lower
+    bound, which first fit cannot beat); with ``padded_rows`` the chunking of
     :func:`~megatron_dpsched.core.packing.chunk_decreasing` (the fewest)."""
     items, cap = range(len(sizes)), config.token_cap
     if config.padded_rows:
         return best_fit_decreasing(items, sizes, cap, padded_rows=True)
     best_fit = best_fit_decreasing(items, sizes, cap)
-    if len(best_fit) <= bin_lower_bound(sizes, cap):  # no packing uses fewer: first fit cannot win
-        return best_fit
+    if _bins_count(best_fit, config) <= lower_bound_microbatches(sizes, config=config):
+        return best_fit  # first fit cannot lower the count per rank
     return min(best_fit, first_fit(items, sizes, cap), key=len)
 
 
