@@ -91,12 +91,12 @@ def best_fit_decreasing(
     item_sizes = np.asarray(sizes, dtype=np.int64)[ids]
     order = np.argsort(-item_sizes, kind="stable")
     ids, item_sizes = ids[order], item_sizes[order]
-    owners = np.empty(len(ids), dtype=np.int64)
-    bounds = [0, *(np.flatnonzero(item_sizes[1:] != item_sizes[:-1]) + 1).tolist(), len(ids)]
+    owners: list[int] = []
+    starts = [0, *(np.flatnonzero(item_sizes[1:] != item_sizes[:-1]) + 1).tolist()]
     open_bins = _OpenBins(cap)
-    for start, stop in zip(bounds[:-1], bounds[1:]):
-        open_bins.place(int(item_sizes[start]), owners, start=start, stop=stop)
-    return _gather_bins(ids, owners, open_bins.count)
+    for start, stop in zip(starts, [*starts[1:], len(ids)]):
+        open_bins.place(int(item_sizes[start]), stop - start, owners)
+    return _gather_bins(ids, np.array(owners, dtype=np.int64), open_bins.count)
 
 
 class _OpenBins:
@@ -129,30 +129,30 @@ class _OpenBins:
             self.rooms.pop(bisect_left(self.rooms, room))
         return taken
 
-    def place(self, size: int, owners: np.ndarray, *, start: int, stop: int) -> None:
-        """Place items ``start .. stop`` (of one ``size``) as one by one best fit would; ``owners``: their bins."""
-        position, cap = start, self.cap
+    def place(self, size: int, count: int, owners: list[int]) -> None:
+        """Place ``count`` items of one ``size`` as one by one best fit would; their bins go to ``owners``."""
+        cap = self.cap
         if size < cap:
             at = bisect_left(self.rooms, size)
-            while position < stop and at < len(self.rooms):
+            while count and at < len(self.rooms):
                 room = self.rooms[at]
                 each = room // size  # items a micro-batch of this room takes in a row
-                full = self.take(room, (stop - position) // each)
-                owners[position:position + len(full) * each] = np.repeat(full, each)
-                position += len(full) * each
+                full = self.take(room, count // each)
+                owners.extend(full if each == 1 else [b for b in full for _ in range(each)])
+                count -= len(full) * each
                 self.add(room - each * size, full)
-                if position < stop and room in self.by_room:  # one takes the rest, fewer than ``each``
+                if count and room in self.by_room:  # one takes the rest, fewer than ``each``
                     (last,) = self.take(room, 1)
-                    owners[position:stop] = last
-                    self.add(room - (stop - position) * size, [last])
-                    position = stop
+                    owners.extend([last] * count)
+                    self.add(room - count * size, [last])
+                    count = 0
                 at = bisect_left(self.rooms, room + 1)
         each = max(1, cap // size) if size < cap else 1  # new micro-batches: each takes this many
-        fresh = -(-(stop - position) // each)
-        owners[position:stop] = np.repeat(np.arange(self.count, self.count + fresh), each)[:stop - position]
+        fresh = -(-count // each)
+        owners.extend([b for b in range(self.count, self.count + fresh) for _ in range(each)][:count])
         if size < cap and fresh:
             self.add(cap - each * size, list(range(self.count, self.count + fresh - 1)))
-            self.add(cap - (stop - position - (fresh - 1) * each) * size, [self.count + fresh - 1])
+            self.add(cap - (count - (fresh - 1) * each) * size, [self.count + fresh - 1])
         self.count += fresh
 
 
