@@ -240,15 +240,12 @@ class _Moves:
         self.plan, self.costs, self.cap, self.padded_rows = plan, costs, cap, padded_rows
         self.size_array = np.asarray(sizes, dtype=np.int64)
         self.cost_array = np.asarray(costs, dtype=np.float64)
+        bins = list(chain.from_iterable(plan))
         self.first = np.concatenate(([0], np.cumsum([len(rank) for rank in plan]))).tolist()
-        self.counts = np.fromiter(map(len, chain.from_iterable(plan)), dtype=np.int64, count=self.first[-1])
-        flat = np.fromiter(chain.from_iterable(chain.from_iterable(plan)), dtype=np.int64,
-                           count=int(self.counts.sum()))
-        owner = np.repeat(np.arange(len(self.counts)), self.counts)
-        flat_sizes = self.size_array[flat]
-        self.fills = np.bincount(owner, weights=flat_sizes, minlength=len(self.counts)).astype(np.int64)
-        self.longest = np.zeros(len(self.counts), dtype=np.int64)
-        np.maximum.at(self.longest, owner, flat_sizes)
+        self.counts = np.fromiter(map(len, bins), dtype=np.int64, count=len(bins))
+        self.fills = np.array(padding.collated_sizes(bins, sizes, padded_rows=False), dtype=np.int64)
+        self.longest = np.array(padding.collated_sizes(bins, sizes, padded_rows=True)) // np.maximum(self.counts, 1)
+        flat = np.fromiter(chain.from_iterable(bins), dtype=np.int64, count=int(self.counts.sum()))
         per_rank = np.cumsum([0, *(int(self.counts[a:b].sum()) for a, b in zip(self.first, self.first[1:]))])
         self.members = [flat[a:b] for a, b in zip(per_rank[:-1], per_rank[1:])]
         self.loads = np.array([sum(map(costs.__getitem__, chain.from_iterable(rank))) for rank in plan], dtype=float)

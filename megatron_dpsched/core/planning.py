@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from itertools import chain
 
 import numpy as np
 
@@ -26,7 +27,7 @@ from megatron_dpsched.core.packing import (
     pack_ranks,
     split_to_count,
 )
-from megatron_dpsched.core.padding import collated_size, planned_sizes
+from megatron_dpsched.core.padding import collated_size, collated_sizes, planned_sizes
 
 
 def plan_step(
@@ -392,12 +393,8 @@ def _bin_arrays(
     """Where each rank's micro-batches start in the arrays, and each micro-batch's sample count, planned tokens
     and longest planned size (0 for an empty one)."""
     first = np.concatenate(([0], np.cumsum([len(bins) for bins in bins_per_rank]))).tolist()
-    counts = np.fromiter((len(b) for bins in bins_per_rank for b in bins), dtype=np.int64, count=first[-1])
-    flat = np.fromiter((i for bins in bins_per_rank for b in bins for i in b), dtype=np.int64,
-                       count=int(counts.sum()))
-    owner = np.repeat(np.arange(first[-1]), counts)
-    flat_sizes = np.asarray(sizes, dtype=np.int64)[flat]
-    fills = np.bincount(owner, weights=flat_sizes, minlength=first[-1]).astype(np.int64)
-    longest = np.zeros(first[-1], dtype=np.int64)
-    np.maximum.at(longest, owner, flat_sizes)
+    bins = list(chain.from_iterable(bins_per_rank))
+    counts = np.fromiter(map(len, bins), dtype=np.int64, count=len(bins))
+    fills = np.array(collated_sizes(bins, sizes, padded_rows=False), dtype=np.int64)
+    longest = np.array(collated_sizes(bins, sizes, padded_rows=True), dtype=np.int64) // np.maximum(counts, 1)
     return first, counts, fills, longest
