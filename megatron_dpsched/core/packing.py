@@ -61,11 +61,14 @@ def chunk_decreasing(items: Sequence[int], sizes: Sequence[int], cap: int) -> li
     longest remaining sample with the next ``cap // m - 1`` longest uses the fewest micro-batches (an
     exchange argument: swapping a shorter sample into the longest's micro-batch never breaks a cap).
     """
-    ordered = sorted(items, key=lambda i: (-sizes[i], i))
+    ids = np.fromiter(items, dtype=np.int64)
+    ordered_sizes = np.fromiter(map(sizes.__getitem__, ids.tolist()), dtype=np.int64, count=len(ids))
+    order = np.lexsort((ids, -ordered_sizes))
+    ordered, ordered_sizes = ids[order].tolist(), ordered_sizes[order].tolist()
     bins: list[list[int]] = []
     position = 0
     while position < len(ordered):
-        rows = max(1, cap // sizes[ordered[position]])
+        rows = max(1, cap // ordered_sizes[position])
         bins.append(ordered[position : position + rows])
         position += rows
     return bins
@@ -88,7 +91,7 @@ def best_fit_decreasing(
     ids = np.fromiter(items, dtype=np.int64) if not isinstance(items, np.ndarray) else items.astype(np.int64)
     if not len(ids):
         return []
-    item_sizes = np.asarray(sizes, dtype=np.int64)[ids]
+    item_sizes = np.fromiter(map(sizes.__getitem__, ids.tolist()), dtype=np.int64, count=len(ids))
     order = np.argsort(-item_sizes, kind="stable")
     ids, item_sizes = ids[order], item_sizes[order]
     owners: list[int] = []

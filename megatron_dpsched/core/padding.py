@@ -77,12 +77,12 @@ def rooms(*, counts: np.ndarray, fills: np.ndarray, longest: np.ndarray, cap: in
 def collated_sizes(bins: Sequence[Sequence[int]], sizes: Sequence[int], *, padded_rows: bool) -> list[int]:
     """:func:`collated_size` of every micro-batch of ``bins``, with NumPy."""
     counts = np.fromiter(map(len, bins), dtype=np.int64, count=len(bins))
-    flat = np.fromiter(chain.from_iterable(bins), dtype=np.int64, count=int(counts.sum()))
-    flat_sizes = np.asarray(sizes, dtype=np.int64)[flat]
+    flat_sizes = np.fromiter(map(sizes.__getitem__, chain.from_iterable(bins)), dtype=np.int64,
+                             count=int(counts.sum()))
     filled = counts > 0
     starts = (np.cumsum(counts) - counts)[filled]  # a filled bin's samples run to the next filled bin's start
     out = np.zeros(len(bins), dtype=np.int64)
-    if len(flat):
+    if len(flat_sizes):
         reduce = np.maximum if padded_rows else np.add
         out[filled] = reduce.reduceat(flat_sizes, starts)
     return (out * counts if padded_rows else out).tolist()
