@@ -1,41 +1,19 @@
 """The planner's per-size and NumPy paths for 1M-sample steps (issue 28, point 3) against plain references
-written here, one item at a time: best-fit decreasing on a sorted list of (room, bin id), the refinement's
-move search over every (target, sample) pair in turn, and the collated sizes of micro-batches."""
+that go one item at a time: best-fit decreasing on a sorted list of (room, bin id) (test_fast_paths'), the
+refinement's move search over every (target, sample) pair in turn, and the collated sizes of micro-batches."""
 
 from __future__ import annotations
 
 import copy
 import heapq
 import random
-from bisect import bisect_left, insort
 
 import pytest
+from test_fast_paths import reference_best_fit
 
 from megatron_dpsched.core.balancing import refine_by_moves
 from megatron_dpsched.core.packing import best_fit_decreasing, first_fit, split_to_count
 from megatron_dpsched.core.padding import collated_size, collated_sizes
-
-
-def reference_best_fit(items: list[int], sizes: list[int], cap: int) -> list[list[int]]:
-    """Longest first (ties in the order given), each into the open bin of least room that fits (ties: first
-    opened), else a new one; a bin without room, or with a sample of at least ``cap``, closes."""
-    bins: list[list[int]] = []
-    open_bins: list[tuple[int, int]] = []
-    for item in sorted(items, key=lambda i: -sizes[i]):
-        size = sizes[item]
-        if size >= cap:
-            bins.append([item])
-            continue
-        pos = bisect_left(open_bins, (size, -1))
-        if pos == len(open_bins):
-            bins.append([item])
-            insort(open_bins, (cap - size, len(bins) - 1))
-            continue
-        room, bin_id = open_bins.pop(pos)
-        bins[bin_id].append(item)
-        if room > size:
-            insort(open_bins, (room - size, bin_id))
-    return bins
 
 
 def random_sizes(rng: random.Random, cap: int) -> list[int]:
