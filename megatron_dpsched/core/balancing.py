@@ -242,10 +242,7 @@ class _Moves:
         self.cost_array = np.asarray(costs, dtype=np.float64)
         bins = list(chain.from_iterable(plan))
         self.first = np.concatenate(([0], np.cumsum([len(rank) for rank in plan]))).tolist()
-        self.counts = np.fromiter(map(len, bins), dtype=np.int64, count=len(bins))
-        self.fills = np.array(padding.collated_sizes(bins, sizes, padded_rows=False), dtype=np.int64)
-        self.longest = np.array(padding.collated_sizes(bins, sizes, padded_rows=True)) // np.maximum(self.counts, 1)
-        flat = np.fromiter(chain.from_iterable(bins), dtype=np.int64, count=int(self.counts.sum()))
+        self.counts, flat, self.fills, self.longest = padding.micro_batch_arrays(bins, self.size_array)
         per_rank = np.cumsum([0, *(int(self.counts[a:b].sum()) for a, b in zip(self.first, self.first[1:]))])
         self.members = [flat[a:b] for a, b in zip(per_rank[:-1], per_rank[1:])]
         self.loads = np.array([sum(map(costs.__getitem__, chain.from_iterable(rank))) for rank in plan], dtype=float)

@@ -86,3 +86,18 @@ def collated_sizes(bins: Sequence[Sequence[int]], sizes: Sequence[int], *, padde
         reduce = np.maximum if padded_rows else np.add
         out[filled] = reduce.reduceat(flat_sizes, starts)
     return (out * counts if padded_rows else out).tolist()
+
+
+def micro_batch_arrays(bins: Sequence[Sequence[int]], sizes: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Each micro-batch's sample count, its samples (all micro-batches' in a row), planned tokens and longest
+    planned size (0 for an empty one), from one pass over ``bins`` (``sizes``: every sample's, as an array)."""
+    counts = np.fromiter(map(len, bins), dtype=np.int64, count=len(bins))
+    flat = np.fromiter(chain.from_iterable(bins), dtype=np.int64, count=int(counts.sum()))
+    flat_sizes = sizes[flat]
+    fills, longest = np.zeros(len(bins), dtype=np.int64), np.zeros(len(bins), dtype=np.int64)
+    filled = counts > 0
+    if len(flat):  # a filled micro-batch's samples run to the next filled one's start
+        starts = (np.cumsum(counts) - counts)[filled]
+        fills[filled] = np.add.reduceat(flat_sizes, starts)
+        longest[filled] = np.maximum.reduceat(flat_sizes, starts)
+    return counts, flat, fills, longest

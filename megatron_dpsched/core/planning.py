@@ -27,7 +27,7 @@ from megatron_dpsched.core.packing import (
     pack_ranks,
     split_to_count,
 )
-from megatron_dpsched.core.padding import collated_size, collated_sizes, planned_sizes
+from megatron_dpsched.core.padding import collated_size, planned_sizes
 
 
 def plan_step(
@@ -394,7 +394,5 @@ def _bin_arrays(
     and longest planned size (0 for an empty one)."""
     first = np.concatenate(([0], np.cumsum([len(bins) for bins in bins_per_rank]))).tolist()
     bins = list(chain.from_iterable(bins_per_rank))
-    counts = np.fromiter(map(len, bins), dtype=np.int64, count=len(bins))
-    fills = np.array(collated_sizes(bins, sizes, padded_rows=False), dtype=np.int64)
-    longest = np.array(collated_sizes(bins, sizes, padded_rows=True), dtype=np.int64) // np.maximum(counts, 1)
+    counts, _, fills, longest = padding.micro_batch_arrays(bins, np.asarray(sizes, dtype=np.int64))
     return first, counts, fills, longest

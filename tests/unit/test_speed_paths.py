@@ -8,12 +8,13 @@ import copy
 import heapq
 import random
 
+import numpy as np
 import pytest
 from test_fast_paths import reference_best_fit
 
 from megatron_dpsched.core.balancing import refine_by_moves
 from megatron_dpsched.core.packing import best_fit_decreasing, first_fit, split_to_count
-from megatron_dpsched.core.padding import collated_size, collated_sizes
+from megatron_dpsched.core.padding import collated_size, collated_sizes, micro_batch_arrays
 
 
 def random_sizes(rng: random.Random, cap: int) -> list[int]:
@@ -116,3 +117,14 @@ def test_split_to_count_splits_the_fullest_whatever_computes_the_sizes() -> None
     bins = first_fit(range(6), sizes, 100)
     assert split_to_count(bins, sizes, 4) == split_to_count(
         bins, sizes, 4, loads=[collated_size(b, sizes, padded_rows=False) for b in bins])
+
+
+def test_micro_batch_arrays_hold_each_micro_batch_count_samples_fill_and_longest() -> None:
+    rng = random.Random(6)
+    sizes = [rng.randint(1, 900) for _ in range(300)]
+    bins = [[rng.randrange(300) for _ in range(rng.choice((0, 0, 1, 2, 5)))] for _ in range(80)]
+    counts, flat, fills, longest = micro_batch_arrays(bins, np.array(sizes))
+    assert counts.tolist() == [len(b) for b in bins]
+    assert flat.tolist() == [i for b in bins for i in b]
+    assert fills.tolist() == [sum(sizes[i] for i in b) for b in bins]
+    assert longest.tolist() == [max((sizes[i] for i in b), default=0) for b in bins]
