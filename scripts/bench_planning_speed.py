@@ -18,7 +18,7 @@ added to it. Cases
 It prints one row per case and checks the targets (<= 1.5 s at PP 1, <= 3 s with the step-time model,
 <= 300 MiB peak); it exits 0 after reporting (``--check``: 1 on a miss)::
 
-    .venv/bin/python scripts/bench_planning_speed.py                     # every case (about a minute)
+    .venv/bin/python scripts/bench_planning_speed.py                     # every case (a few minutes on 2 shared cores)
     .venv/bin/python scripts/bench_planning_speed.py --cases uniform --samples 100000
     .venv/bin/python scripts/bench_planning_speed.py --markdown docs/bench_schedule.md   # also the docs section
 """
@@ -132,10 +132,13 @@ def write_section(path: Path, text: str) -> None:
 
 
 def section(rows: list[dict[str, Any]], command: str) -> str:
-    return (f"{SECTION}\n\nThe default planner on 1,000,000 samples per length distribution, each case in its own "
-            f"process (cases: the docstring of `scripts/bench_planning_speed.py`); measured on 2 shared CPU "
-            f"cores, so times vary by a few tenths of a second from run to run:\n\n```\n$ {command}\n```\n\n"
-            f"{table(rows)}\n")
+    return (f"{SECTION}\n\nThe default planner on {rows[0]['samples']:,} samples per length distribution, each case in "
+            f"its own "
+            f"process (cases: the docstring of `scripts/bench_planning_speed.py`). Measured on 2 CPU cores shared "
+            f"with other jobs: the wall time depends on their load, so the targets ({SECONDS_PP1} s at PP 1, "
+            f"{SECONDS_STEP_TIME} s with the step-time model, {MEBIBYTES:.0f} MiB) are checked on CPU time. The same "
+            f"command with `PYTHONPATH` at another checkout times that checkout's planner.\n\n```\n$ {command}\n```"
+            f"\n\n{table(rows)}\n")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
