@@ -298,25 +298,49 @@ def pack_into(
     return split_to_count(bins, sizes, num_bins)
 
 
+Refits = dict[int, tuple[list[list[int]], list[int]]]
+"""Per rank that does not fit: its best-fit decreasing micro-batches (padded rows: :func:`chunk_decreasing`'s)
+and their collated sizes."""
+
+
 def pack_ranks(
-    ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int, num_bins: int, *, padded_rows: bool = False
+    ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int, num_bins: int, *, padded_rows: bool = False,
+    refits: Refits | None = None,
 ) -> list[list[list[int]] | None]:
     """:func:`pack_into` of every rank's items (the same micro-batches); the worst-fit pass runs on all ranks at
     once with NumPy when there are at least :data:`VECTOR_RANKS` ranks (:func:`_worst_fit_ranks`), then the
-    best-fit pass on all ranks where worst fit overflowed (:func:`best_fit_ranks`)."""
+    best-fit pass on all ranks where worst fit overflowed (:func:`best_fit_ranks`). ``refits``, when given,
+    receives the best-fit (or chunked) micro-batches of the ranks that do not fit, where this pass made them."""
     total, width = sum(len(items) for items in ranks), max((len(items) for items in ranks), default=0)
-    if padded_rows or len(ranks) < VECTOR_RANKS or width * len(ranks) > 4 * total + 65536:
-        return [pack_into(items, sizes, cap, num_bins, padded_rows=padded_rows) for items in ranks]
+    if padded_rows:
+        return [_pack_rows(rank, items, sizes, cap, num_bins, refits=refits) for rank, items in enumerate(ranks)]
+    if len(ranks) < VECTOR_RANKS or width * len(ranks) > 4 * total + 65536:
+        return [pack_into(items, sizes, cap, num_bins) for items in ranks]
     layout = _rank_grid(ranks, sizes)
     packed = _worst_fit_ranks(ranks, sizes, cap, num_bins, layout=layout)
     overflowed = [r for r, bins in enumerate(packed) if bins is None]  # pack_into's worst fit fails there too
     if not overflowed:
         return packed
     subset = _grid_subset(layout, np.array([bins is None for bins in packed], dtype=bool))
-    refits = best_fit_ranks([ranks[r] for r in overflowed], sizes, cap, layout=subset)
-    for r, (bins, loads) in zip(overflowed, refits, strict=True):
+    best_fits = best_fit_ranks([ranks[r] for r in overflowed], sizes, cap, layout=subset)
+    for r, (bins, loads) in zip(overflowed, best_fits, strict=True):
         packed[r] = None if len(bins) > num_bins else _split_owned(bins, sizes, num_bins, loads=loads)  # fresh
+        if packed[r] is None and refits is not None:
+            refits[r] = (bins, loads)
     return packed
+
+
+def _pack_rows(
+    rank: int, items: Sequence[int], sizes: Sequence[int], cap: int, num_bins: int, *, refits: Refits | None
+) -> list[list[int]] | None:
+    """:func:`pack_into` with padded rows of one rank's ``items``; chunks that need more than ``num_bins`` go to
+    ``refits`` (when given) under ``rank``."""
+    bins = chunk_decreasing(items, sizes, cap)
+    if len(bins) <= num_bins:
+        return split_to_count(bins, sizes, num_bins, padded_rows=True)
+    if refits is not None:
+        refits[rank] = (bins, collated_sizes(bins, sizes, padded_rows=True))
+    return None
 
 
 VECTOR_RANKS = 16

@@ -20,6 +20,7 @@ from megatron_dpsched.core.config import RankPlan, ScheduleConfig
 from megatron_dpsched.core.objective import MAX_STALE_COUNTS, count_bound, plan_for_step_time, tail_heavy
 from megatron_dpsched.core.ordering import order_micro_batches
 from megatron_dpsched.core.packing import (
+    Refits,
     best_fit_decreasing,
     best_fit_ranks,
     bin_lower_bound,
@@ -27,7 +28,7 @@ from megatron_dpsched.core.packing import (
     pack_ranks,
     split_to_count,
 )
-from megatron_dpsched.core.padding import collated_size, planned_sizes
+from megatron_dpsched.core.padding import collated_sizes, planned_sizes
 
 
 def plan_step(
@@ -316,10 +317,12 @@ def _assign_and_pack(
     )
     if ranks is None:
         return None
-    packed = pack_ranks(ranks, sizes, cap, num_microbatches, padded_rows=rows)
+    refits: Refits = {}
+    packed = pack_ranks(ranks, sizes, cap, num_microbatches, padded_rows=rows, refits=refits)
     if all(bins is not None for bins in packed):
         return packed
-    return _repair_overflow(ranks, packed, sizes, costs, config=config, num_microbatches=num_microbatches)
+    return _repair_overflow(ranks, packed, sizes, costs, config=config, num_microbatches=num_microbatches,
+                            refits=refits)
 
 
 def _repair_overflow(
@@ -330,20 +333,24 @@ def _repair_overflow(
     *,
     config: ScheduleConfig,
     num_microbatches: int,
+    refits: Refits,
 ) -> list[RankPlan] | None:
     """A rank whose samples need more than ``num_microbatches`` micro-batches hands the samples of its emptiest
-    ones (best-fit decreasing, by collated size) to the least-loaded ranks with room; ``None`` if one fits nowhere."""
+    ones (best-fit decreasing, by collated size) to the least-loaded ranks with room; ``None`` if one fits nowhere.
+    ``refits``: those micro-batches where :func:`~megatron_dpsched.core.packing.pack_ranks` made them."""
     cap, rows = config.token_cap, config.padded_rows
     loads = [sum(map(costs.__getitem__, items)) for items in ranks]
     failing = [rank for rank, bins in enumerate(packed) if bins is None]
+    missing = [rank for rank in failing if rank not in refits]
     if rows:
-        refits = [(bins, [collated_size(b, sizes, padded_rows=True) for b in bins])
-                  for bins in (best_fit_decreasing(ranks[r], sizes, cap, padded_rows=True) for r in failing)]
+        refits.update((r, (bins, collated_sizes(bins, sizes, padded_rows=True)))
+                      for r, bins in zip(missing, (best_fit_decreasing(ranks[r], sizes, cap, padded_rows=True)
+                                                   for r in missing), strict=True))
     else:
-        refits = best_fit_ranks([ranks[r] for r in failing], sizes, cap)
+        refits.update(zip(missing, best_fit_ranks([ranks[r] for r in missing], sizes, cap), strict=True))
     homeless: list[int] = []
     bins_per_rank = list(packed)
-    for rank, (bins, collated) in zip(failing, refits, strict=True):
+    for rank, (bins, collated) in ((r, refits[r]) for r in failing):
         order = sorted(range(len(bins)), key=lambda b: -collated[b])
         for item in (i for b in order[num_microbatches:] for i in bins[b]):
             homeless.append(item)
