@@ -195,7 +195,7 @@ def assign_bins(
     bin_ids = range(len(bins))
     if not balance:
         return [list(bin_ids[r::num_ranks]) for r in range(num_ranks)]
-    bin_costs = [sum(map(costs.__getitem__, b)) for b in bins]
+    bin_costs = python_sums(costs, bins)
     return lpt_assign(
         bin_ids, costs=bin_costs, weights=[1.0] * len(bins), capacity=per_rank, num_ranks=num_ranks
     )
@@ -245,7 +245,7 @@ class _Moves:
         self.counts, flat, self.fills, self.longest = padding.micro_batch_arrays(bins, self.size_array)
         per_rank = np.cumsum([0, *(int(self.counts[a:b].sum()) for a, b in zip(self.first, self.first[1:]))])
         self.members = [flat[a:b] for a, b in zip(per_rank[:-1], per_rank[1:])]
-        self.loads = np.array([sum(map(costs.__getitem__, chain.from_iterable(rank))) for rank in plan], dtype=float)
+        self.loads = run_sums(costs, flat, np.diff(per_rank))
         self.widest = np.array([int(self.rooms(r).max(initial=0)) for r in range(len(plan))], dtype=np.int64)
 
     def rooms(self, rank: int) -> np.ndarray:
@@ -299,6 +299,50 @@ class _Moves:
         self.loads[target] = float(self.loads[target]) + cost
         for rank in (source, target):
             self.widest[rank] = int(self.rooms(rank).max(initial=0))
+
+
+COMPENSATED_SUM = sum([1e16, 1.0, -1e16]) == 1.0
+"""Whether this interpreter's ``sum`` of floats is compensated (Neumaier's, CPython 3.12 on) or sequential."""
+WIDEST_RUN = 4096
+""":func:`python_sums` sums run by run in Python when a run is longer than this (one NumPy pass per position)."""
+
+
+def python_sums(values: Sequence[float], runs: Sequence[Sequence[int]]) -> np.ndarray:
+    """``[sum(map(values.__getitem__, run)) for run in runs]``, bit for bit, with NumPy: every run's ``k``-th
+    value added at once (sequentially, or with Neumaier's compensation as this interpreter's ``sum``). Values
+    that are not all Python floats, or a run longer than :data:`WIDEST_RUN`, are summed by Python."""
+    counts = np.fromiter(map(len, runs), dtype=np.int64, count=len(runs))
+    return run_sums(values, np.fromiter(chain.from_iterable(runs), dtype=np.int64, count=int(counts.sum())), counts)
+
+
+def run_sums(values: Sequence[float], flat: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """:func:`python_sums` of runs laid end to end in ``flat`` (``counts``: their lengths)."""
+    width = int(counts.max(initial=0))
+    if width > WIDEST_RUN or set(map(type, values)) - {float}:
+        items, bounds = flat.tolist(), np.cumsum(counts).tolist()
+        return np.array([sum(map(values.__getitem__, items[a:b])) for a, b in zip([0, *bounds[:-1]], bounds)],
+                        dtype=np.float64)
+    flat_values = np.asarray(values, dtype=np.float64)[flat]
+    order = np.argsort(-counts, kind="stable")  # longest first: the runs still going at ``k`` are a prefix
+    starts, lengths = (np.cumsum(counts) - counts)[order], counts[order]
+    total, compensation = np.zeros(len(counts)), np.zeros(len(counts))
+    active = np.searchsorted(-lengths, -np.arange(width), side="left")  # how many runs are longer than k
+    for k in range(width):
+        live = int(active[k])
+        x = flat_values[starts[:live] + k]
+        if k == 0:
+            total[:live] = x
+            continue
+        head = total[:live]
+        t = head + x
+        if COMPENSATED_SUM:
+            compensation[:live] += np.where(np.abs(head) >= np.abs(x), (head - t) + x, (x - t) + head)
+        total[:live] = t
+    fix = (compensation != 0) & np.isfinite(compensation)
+    total[fix] += compensation[fix]
+    out = np.empty(len(counts))
+    out[order] = total
+    return out
 
 
 def peak_cost(plan: list[RankPlan] | None, costs: Sequence[float]) -> float:

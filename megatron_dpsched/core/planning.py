@@ -15,7 +15,7 @@ from itertools import chain
 import numpy as np
 
 from megatron_dpsched.core import padding
-from megatron_dpsched.core.balancing import assign_bins, lpt_assign, peak_cost, refine_by_moves
+from megatron_dpsched.core.balancing import assign_bins, lpt_assign, peak_cost, python_sums, refine_by_moves
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
 from megatron_dpsched.core.objective import MAX_STALE_COUNTS, count_bound, plan_for_step_time, tail_heavy
 from megatron_dpsched.core.ordering import order_micro_batches
@@ -339,7 +339,7 @@ def _repair_overflow(
     ones (best-fit decreasing, by collated size) to the least-loaded ranks with room; ``None`` if one fits nowhere.
     ``refits``: those micro-batches where :func:`~megatron_dpsched.core.packing.pack_ranks` made them."""
     cap, rows = config.token_cap, config.padded_rows
-    loads = [sum(map(costs.__getitem__, items)) for items in ranks]
+    loads = python_sums(costs, ranks).tolist()
     failing = [rank for rank, bins in enumerate(packed) if bins is None]
     missing = [rank for rank in failing if rank not in refits]
     if rows:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from test_fast_paths import reference_best_fit
 
-from megatron_dpsched.core.balancing import refine_by_moves
+from megatron_dpsched.core.balancing import python_sums, refine_by_moves
 from megatron_dpsched.core.packing import best_fit_decreasing, first_fit, split_to_count
 from megatron_dpsched.core.padding import collated_size, collated_sizes, micro_batch_arrays
 
@@ -128,3 +128,21 @@ def test_micro_batch_arrays_hold_each_micro_batch_count_samples_fill_and_longest
     assert flat.tolist() == [i for b in bins for i in b]
     assert fills.tolist() == [sum(sizes[i] for i in b) for b in bins]
     assert longest.tolist() == [max((sizes[i] for i in b), default=0) for b in bins]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_python_sums_equal_pythons_sum_bit_for_bit(seed: int) -> None:
+    """Runs of costs summed with NumPy equal Python's ``sum`` of each run, cancellation and empty runs included."""
+    rng = random.Random(seed)
+    pool = [1e16, 1.0, -1e16, 0.1, 3.3e-5, 7e12] if seed % 2 else None
+    values = [rng.choice(pool) if pool else rng.uniform(0, 1e6) for _ in range(2000)]
+    ids = rng.sample(range(len(values)), len(values))
+    runs: list[list[int]] = [[]]
+    while ids:
+        take = rng.choice([0, 1, 2, 5, 30, 300])
+        runs.append(ids[:take])
+        ids = ids[take:]
+    expected = [float(sum(values[i] for i in run)) for run in runs]
+    assert python_sums(values, runs).tolist() == expected
+    assert python_sums([int(v) for v in values], runs).tolist() == [float(sum(int(values[i]) for i in run))
+                                                                    for run in runs]
