@@ -82,6 +82,7 @@ import threading
 from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from itertools import accumulate, chain
 from typing import Any
 
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
@@ -357,24 +358,26 @@ def assemble_schedule(
     config: ScheduleConfig,
     dropped: list[int],
 ) -> DPSchedule:
-    """Turn per-step, per-rank micro-batches into the rank-major contract."""
-    partitions: list[list[int]] = [[] for _ in range(config.dp_size)]
-    micro_batch_indices: list[list[tuple[int, ...]]] = [[] for _ in range(config.dp_size)]
-    for step_plan in plans:
-        for micro_batches, partition, indices in zip(step_plan, partitions, micro_batch_indices, strict=True):
-            for mb in micro_batches:
-                start = len(partition)
-                partition.extend(mb)
-                indices.append(tuple(range(start, len(partition))))
+    """Turn per-step, per-rank micro-batches into the rank-major contract (a rank's micro-batch indices are
+    slices of one tuple of its positions)."""
+    assert all(len(step_plan) == config.dp_size for step_plan in plans)
+    partitions, micro_batch_indices = [], []
+    for rank in range(config.dp_size):
+        micro_batches = [mb for step_plan in plans for mb in step_plan[rank]]
+        ends = list(accumulate(map(len, micro_batches)))
+        partition = tuple(chain.from_iterable(micro_batches))
+        positions = tuple(range(len(partition)))
+        partitions.append(partition)
+        micro_batch_indices.append(tuple(map(positions.__getitem__, map(slice, [0, *ends[:-1]], ends))))
     return DPSchedule(
         config=config,
         lengths=tuple(lengths),
         costs=costs,
         groups=None if groups is None else tuple(_plain(g) for g in groups),
-        partitions=tuple(tuple(p) for p in partitions),
-        micro_batch_indices=tuple(tuple(mbs) for mbs in micro_batch_indices),
+        partitions=tuple(partitions),
+        micro_batch_indices=tuple(micro_batch_indices),
         num_microbatches=tuple(len(step_plan[0]) for step_plan in plans),
-        step_num_samples=tuple(sum(len(mb) for rank in step for mb in rank) for step in plans),
+        step_num_samples=tuple(sum(map(len, chain.from_iterable(step))) for step in plans),
         dropped=tuple(dropped),
     )
 
