@@ -209,8 +209,9 @@ def refine_by_moves(
     cap: int,
     max_moves: int,
     padded_rows: bool = False,
-) -> None:
-    """Move single samples off the busiest rank while that lowers its cost (in place).
+) -> float:
+    """Move single samples off the busiest rank while that lowers its cost (in place); returns the refined plan's
+    :func:`peak_cost`.
 
     Each move takes, from the busiest rank, the sample whose move to one of the :data:`TARGETS` lightest ranks
     (ties: the lower rank) lowers the pair's peak most; ties go to the lighter target, then to the sample that
@@ -223,7 +224,8 @@ def refine_by_moves(
     moves = _Moves(plan, sizes=sizes, costs=costs, cap=cap, padded_rows=padded_rows)
     for _ in range(max_moves):
         if not moves.step():
-            return
+            break
+    return moves.peak()
 
 
 TARGETS = 8
@@ -253,6 +255,11 @@ class _Moves:
         at = slice(self.first[rank], self.first[rank + 1])
         return padding.rooms(counts=self.counts[at], fills=self.fills[at], longest=self.longest[at], cap=self.cap,
                              padded_rows=self.padded_rows)
+
+    def peak(self) -> float:
+        """:func:`peak_cost` of the plan: each rank's ``members`` are its samples in plan order."""
+        counts = np.fromiter(map(len, self.members), dtype=np.int64, count=len(self.members))
+        return float(run_sums(self.costs, np.concatenate(self.members), counts).max(initial=0.0))
 
     def step(self) -> bool:
         """Make the best move off the busiest rank; ``False`` when none lowers its cost."""

@@ -159,8 +159,7 @@ def _plan_dynamic(sizes: list[int], costs: list[float], *, config: ScheduleConfi
             if plan is None and best is None and num_microbatches >= upper:
                 plan = _plan_by_bins(global_bins, sizes, costs, config=config)
             if plan is not None:
-                _refine(plan, sizes, costs, config=config)
-                peak = peak_cost(plan, costs)
+                peak = _refine(plan, sizes, costs, config=config)
         stale = stale + 1 if best is not None else 0
         if peak < best_peak * (1 - BALANCE_TOLERANCE):
             best, best_peak, stale = plan, peak, 0
@@ -220,12 +219,13 @@ def _balanced_peak(costs: list[float], config: ScheduleConfig) -> float:
     return max(sum(costs) / config.dp_size, max(costs)) * (1 + BALANCE_TOLERANCE)
 
 
-def _refine(plan: list[RankPlan], sizes: list[int], costs: list[float], *, config: ScheduleConfig) -> None:
+def _refine(plan: list[RankPlan], sizes: list[int], costs: list[float], *, config: ScheduleConfig) -> float:
     """Step 5's refinement (:func:`~megatron_dpsched.core.balancing.refine_by_moves`, in place): single samples
     move off the busiest rank into a lighter rank's micro-batch with room while that lowers the busiest rank's
-    cost, at most ``4 * dp_size`` moves."""
-    refine_by_moves(plan, sizes=sizes, costs=costs, cap=config.token_cap, max_moves=4 * config.dp_size,
-                    padded_rows=config.padded_rows)
+    cost, at most ``4 * dp_size`` moves; returns the refined plan's busiest rank's cost
+    (:func:`~megatron_dpsched.core.balancing.peak_cost`)."""
+    return refine_by_moves(plan, sizes=sizes, costs=costs, cap=config.token_cap, max_moves=4 * config.dp_size,
+                           padded_rows=config.padded_rows)
 
 
 def _bins_count(bins: list[list[int]], config: ScheduleConfig) -> int:

@@ -98,8 +98,9 @@ def test_refine_by_moves_makes_the_moves_of_the_one_by_one_search(seed: int) -> 
             mb.append(item)
     expected = copy.deepcopy(plan)
     reference_refine(expected, sizes=sizes, costs=costs, cap=cap, max_moves=4 * ranks, padded_rows=padded_rows)
-    refine_by_moves(plan, sizes=sizes, costs=costs, cap=cap, max_moves=4 * ranks, padded_rows=padded_rows)
+    peak = refine_by_moves(plan, sizes=sizes, costs=costs, cap=cap, max_moves=4 * ranks, padded_rows=padded_rows)
     assert plan == expected
+    assert peak == max(sum(costs[i] for mb in rank for i in mb) for rank in expected)
 
 
 @pytest.mark.parametrize("padded_rows", [False, True])
