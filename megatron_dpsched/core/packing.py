@@ -261,8 +261,8 @@ def _split_owned(
         return out
     if loads is None:
         loads = collated_sizes(out, sizes, padded_rows=padded_rows)
-    heap = [(-load, i) for i, (b, load) in enumerate(zip(out, loads, strict=True)) if len(b) > 1]
-    heapq.heapify(heap)
+    assert len(loads) == len(out)
+    heap = _fullest(out, loads, num_bins - len(out))
     halve = _split_rows if padded_rows else _halve
     while len(out) < num_bins and heap:
         _, i = heapq.heappop(heap)
@@ -274,6 +274,19 @@ def _split_owned(
                 heapq.heappush(heap, (-collated_size(out[j], sizes, padded_rows=padded_rows), j))
     out.extend([] for _ in range(num_bins - len(out)))
     return out
+
+
+def _fullest(bins: list[list[int]], loads: Sequence[int], splits: int) -> list[tuple[int, int]]:
+    """The heap of ``(-load, bin)`` of :func:`_split_owned`'s multi-sample bins, only the ``splits`` first in that
+    order: each split pops one entry and the bins' own entries pop in their order, so ``splits`` splits never
+    reach a later one."""
+    candidates = np.flatnonzero(np.fromiter(map(len, bins), dtype=np.int64, count=len(bins)) > 1)
+    load_array = np.asarray(loads, dtype=np.int64)
+    if len(candidates) > splits:
+        candidates = candidates[np.argsort(-load_array[candidates], kind="stable")[:splits]]
+    heap = list(zip((-load_array[candidates]).tolist(), candidates.tolist()))
+    heapq.heapify(heap)
+    return heap
 
 
 def pack_into(
