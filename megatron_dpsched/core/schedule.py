@@ -358,17 +358,15 @@ def assemble_schedule(
     config: ScheduleConfig,
     dropped: list[int],
 ) -> DPSchedule:
-    """Turn per-step, per-rank micro-batches into the rank-major contract (a rank's micro-batch indices are
-    slices of one tuple of its positions)."""
+    """Turn per-step, per-rank micro-batches into the rank-major contract (micro-batch indices of the same span
+    are one tuple, shared by the ranks: :class:`_Spans`)."""
     assert all(len(step_plan) == config.dp_size for step_plan in plans)
-    partitions, micro_batch_indices = [], []
+    partitions, micro_batch_indices, spans = [], [], _Spans()
     for rank in range(config.dp_size):
         micro_batches = [mb for step_plan in plans for mb in step_plan[rank]]
         ends = list(accumulate(map(len, micro_batches)))
-        partition = tuple(chain.from_iterable(micro_batches))
-        positions = tuple(range(len(partition)))
-        partitions.append(partition)
-        micro_batch_indices.append(tuple(map(positions.__getitem__, map(slice, [0, *ends[:-1]], ends))))
+        partitions.append(tuple(chain.from_iterable(micro_batches)))
+        micro_batch_indices.append(tuple(map(spans.__getitem__, zip([0, *ends[:-1]], ends))))
     return DPSchedule(
         config=config,
         lengths=tuple(lengths),
@@ -380,6 +378,14 @@ def assemble_schedule(
         step_num_samples=tuple(sum(map(len, chain.from_iterable(step))) for step in plans),
         dropped=tuple(dropped),
     )
+
+
+class _Spans(dict[tuple[int, int], tuple[int, ...]]):
+    """``(start, end)`` to ``tuple(range(start, end))``, made once."""
+
+    def __missing__(self, key: tuple[int, int]) -> tuple[int, ...]:
+        value = self[key] = tuple(range(*key))
+        return value
 
 
 def _plain(group_id: Hashable) -> Hashable:
