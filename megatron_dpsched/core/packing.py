@@ -373,7 +373,12 @@ def _worst_fit_ranks(
     chosen = np.zeros((width, len(ranks)), dtype=np.int64)
     offsets, full = np.arange(len(ranks)) * num_bins, 1 << 62  # an oversize sample's micro-batch: full
     oversize = bool(np.any(item_sizes > cap))
-    for t in range(width):
+    lead = min(width, num_bins) if int(item_sizes.min(initial=1)) > 0 else 0
+    if lead:  # the first ``num_bins`` steps fill the empty micro-batches in order (bin ``t`` the first empty one)
+        firsts = grid[:lead].T
+        loads.reshape(len(ranks), num_bins)[:, :lead] = np.where(firsts > cap, full, firsts)
+        chosen[:lead] = np.arange(lead)[:, None] + offsets
+    for t in range(lead, width):
         size = grid[t]
         at = loads.reshape(len(ranks), num_bins).argmin(axis=1) + offsets
         load = loads[at] + size  # no item (0) adds nothing
