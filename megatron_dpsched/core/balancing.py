@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from itertools import chain
 
 import numpy as np
 
 from megatron_dpsched.core import padding
 from megatron_dpsched.core.config import RankPlan
-from megatron_dpsched.core.packing import small_int, target_bin
+from megatron_dpsched.core.packing import small_int
 
 
 def lpt_assign(
@@ -195,7 +195,7 @@ def assign_bins(
     bin_ids = range(len(bins))
     if not balance:
         return [list(bin_ids[r::num_ranks]) for r in range(num_ranks)]
-    bin_costs = [sum(costs[i] for i in b) for b in bins]
+    bin_costs = python_sums(costs, bins)
     return lpt_assign(
         bin_ids, costs=bin_costs, weights=[1.0] * len(bins), capacity=per_rank, num_ranks=num_ranks
     )
@@ -209,72 +209,147 @@ def refine_by_moves(
     cap: int,
     max_moves: int,
     padded_rows: bool = False,
-) -> None:
-    """Move single samples off the busiest rank while that lowers its cost (in place).
+) -> float:
+    """Move single samples off the busiest rank while that lowers its cost (in place); returns the refined plan's
+    :func:`peak_cost`.
 
-    A sample moves into a micro-batch of one of the lightest ranks that has room
-    for it under ``cap`` (with ``padded_rows``: one more row at the longer of its size and the
-    micro-batch's longest); it never leaves its micro-batch empty, so micro-batch
-    counts, the cap and oversize samples (always alone) are untouched.
+    Each move takes, from the busiest rank, the sample whose move to one of the :data:`TARGETS` lightest ranks
+    (ties: the lower rank) lowers the pair's peak most; ties go to the lighter target, then to the sample that
+    comes first in the rank's micro-batches. It joins the target's first empty micro-batch, else its first
+    with room under ``cap`` (with ``padded_rows``: one more row at the longer of its size and the micro-batch's
+    longest). A sample never leaves its micro-batch empty, so micro-batch counts, the cap and oversize samples
+    (always alone) are untouched. Every candidate sample is weighed against every target at once with NumPy
+    (:class:`_Moves`); loads are running sums, as a one-by-one search keeps them.
     """
-    loads = [sum(costs[i] for mb in rank for i in mb) for rank in plan]
-    fills = [[sum(sizes[i] for i in mb) for mb in rank] for rank in plan]
+    moves = _Moves(plan, sizes=sizes, costs=costs, cap=cap, padded_rows=padded_rows)
     for _ in range(max_moves):
-        place = _placer(plan, fills, sizes=sizes, cap=cap, padded_rows=padded_rows)
-        move = _best_move(plan, loads, sizes=sizes, costs=costs, place=place)
-        if move is None:
-            return
-        source, source_bin, item, target, target_bin = move
-        plan[source][source_bin].remove(item)
-        plan[target][target_bin].append(item)
-        fills[source][source_bin] -= sizes[item]
-        fills[target][target_bin] += sizes[item]
-        loads[source] -= costs[item]
-        loads[target] += costs[item]
+        if not moves.step():
+            break
+    return moves.peak()
 
 
-Placer = Callable[[int], Callable[[int], "int | None"]]
-"""``place(rank)(size)``: the micro-batch of ``rank`` a sample of ``size`` would join, or ``None``."""
+TARGETS = 8
+""":func:`refine_by_moves` looks for a move into each of this many lightest ranks."""
 
 
-def _placer(
-    plan: list[list[list[int]]], fills: list[list[int]], *, sizes: Sequence[int], cap: int, padded_rows: bool
-) -> Placer:
-    def place(rank: int) -> Callable[[int], int | None]:
-        if padded_rows:
-            room = [padding.room(count=len(mb), fill=fill, longest=max((sizes[i] for i in mb), default=0), cap=cap,
-                                 padded_rows=True) for mb, fill in zip(plan[rank], fills[rank])]
-        else:
-            room = [cap - fill for fill in fills[rank]]
-        widest = max(room, default=0)
-        return lambda size: target_bin(fills[rank], room, size) if size <= widest else None
+class _Moves:
+    """:func:`refine_by_moves`' state. Micro-batches are numbered over the whole plan, rank by rank (rank
+    ``r``'s from ``first[r]``); per micro-batch its sample count, fill and longest sample; per rank its samples
+    in micro-batch order (``members``), its load and its widest room (the largest sample it still takes)."""
 
-    return place
+    def __init__(self, plan: list[list[list[int]]], *, sizes: Sequence[int], costs: Sequence[float], cap: int,
+                 padded_rows: bool) -> None:
+        self.plan, self.costs, self.cap, self.padded_rows = plan, costs, cap, padded_rows
+        self.size_array = np.asarray(sizes, dtype=np.int64)
+        self.cost_array = np.asarray(costs, dtype=np.float64)
+        bins = list(chain.from_iterable(plan))
+        self.first = np.concatenate(([0], np.cumsum([len(rank) for rank in plan]))).tolist()
+        self.counts, flat, self.fills, self.longest = padding.micro_batch_arrays(bins, self.size_array)
+        per_rank = np.cumsum([0, *(int(self.counts[a:b].sum()) for a, b in zip(self.first, self.first[1:]))])
+        self.members = [flat[a:b] for a, b in zip(per_rank[:-1], per_rank[1:])]
+        self.loads = run_sums(costs, flat, np.diff(per_rank))
+        self.widest = np.array([int(self.rooms(r).max(initial=0)) for r in range(len(plan))], dtype=np.int64)
+
+    def rooms(self, rank: int) -> np.ndarray:
+        """The largest size each micro-batch of ``rank`` still takes (0 or less: none)."""
+        at = slice(self.first[rank], self.first[rank + 1])
+        return padding.rooms(counts=self.counts[at], fills=self.fills[at], longest=self.longest[at], cap=self.cap,
+                             padded_rows=self.padded_rows)
+
+    def peak(self) -> float:
+        """:func:`peak_cost` of the plan: each rank's ``members`` are its samples in plan order."""
+        counts = np.fromiter(map(len, self.members), dtype=np.int64, count=len(self.members))
+        return float(run_sums(self.costs, np.concatenate(self.members), counts).max(initial=0.0))
+
+    def step(self) -> bool:
+        """Make the best move off the busiest rank; ``False`` when none lowers its cost."""
+        loads = self.loads
+        source = int(np.argmax(loads))
+        targets = np.argsort(loads, kind="stable")[:TARGETS]
+        items = self.members[source]
+        items = items[self.counts[self.first[source] + self.bin_of(source, items)] > 1]
+        if not len(items):
+            return False
+        item_costs, source_load = self.cost_array[items], float(loads[source])
+        peaks = np.maximum(source_load - item_costs, loads[targets][:, None] + item_costs)
+        allowed = (peaks < source_load) & (self.size_array[items] <= self.widest[targets][:, None])
+        if not allowed.any():
+            return False
+        best = int(np.argmin(np.where(allowed, peaks, np.inf)))
+        self.move(source, int(targets[best // len(items)]), item=int(items[best % len(items)]))
+        return True
+
+    def bin_of(self, rank: int, items: np.ndarray) -> np.ndarray:
+        """The micro-batch (of ``rank``) of each of ``rank``'s ``members``."""
+        counts = self.counts[self.first[rank]:self.first[rank + 1]]
+        return np.repeat(np.arange(len(counts)), counts)[:len(items)]
+
+    def move(self, source: int, target: int, *, item: int) -> None:
+        """Move ``item`` from ``source`` into ``target``'s first empty micro-batch, else its first with room."""
+        size, cost = int(self.size_array[item]), self.costs[item]
+        position = int(np.flatnonzero(self.members[source] == item)[0])
+        source_bin = int(self.bin_of(source, self.members[source])[position])
+        fills = self.fills[self.first[target]:self.first[target + 1]]
+        empty = np.flatnonzero(fills == 0)
+        into = int(empty[0]) if len(empty) else int(np.argmax(self.rooms(target) >= size))
+        self.plan[source][source_bin].remove(item)
+        self.plan[target][into].append(item)
+        self.members[source] = np.delete(self.members[source], position)
+        end = int(self.counts[self.first[target]:self.first[target] + into + 1].sum())
+        self.members[target] = np.insert(self.members[target], end, item)
+        for rank, b, sign in ((source, source_bin, -1), (target, into, 1)):
+            at = self.first[rank] + b
+            self.counts[at] += sign
+            self.fills[at] += sign * size
+            self.longest[at] = max((int(self.size_array[i]) for i in self.plan[rank][b]), default=0)
+        self.loads[source] = float(self.loads[source]) - cost
+        self.loads[target] = float(self.loads[target]) + cost
+        for rank in (source, target):
+            self.widest[rank] = int(self.rooms(rank).max(initial=0))
 
 
-def _best_move(
-    plan: list[list[list[int]]],
-    loads: list[float],
-    *,
-    sizes: Sequence[int],
-    costs: Sequence[float],
-    place: Placer,
-) -> tuple[int, int, int, int, int] | None:
-    """The move from the busiest rank to one of the 8 lightest that lowers the pair's peak most."""
-    source = max(range(len(loads)), key=loads.__getitem__)
-    best, best_peak = None, loads[source]
-    for target in heapq.nsmallest(8, range(len(loads)), key=loads.__getitem__):
-        into_target = place(target)
-        for source_bin, mb in enumerate(plan[source]):
-            if len(mb) < 2:
-                continue
-            for item in mb:
-                peak = max(loads[source] - costs[item], loads[target] + costs[item])
-                if peak < best_peak:
-                    into = into_target(sizes[item])
-                    if into is not None:
-                        best, best_peak = (source, source_bin, item, target, into), peak
-    return best
+COMPENSATED_SUM = sum([1e16, 1.0, -1e16]) == 1.0
+"""Whether this interpreter's ``sum`` of floats is compensated (Neumaier's, CPython 3.12 on) or sequential."""
+WIDEST_RUN = 4096
+""":func:`python_sums` sums run by run in Python when a run is longer than this (one NumPy pass per position)."""
+
+
+def python_sums(values: Sequence[float], runs: Sequence[Sequence[int]]) -> np.ndarray:
+    """``[sum(map(values.__getitem__, run)) for run in runs]``, bit for bit, with NumPy: every run's ``k``-th
+    value added at once (sequentially, or with Neumaier's compensation as this interpreter's ``sum``). Values
+    that are not all Python floats, or a run longer than :data:`WIDEST_RUN`, are summed by Python."""
+    counts = np.fromiter(map(len, runs), dtype=np.int64, count=len(runs))
+    return run_sums(values, np.fromiter(chain.from_iterable(runs), dtype=np.int64, count=int(counts.sum())), counts)
+
+
+def run_sums(values: Sequence[float], flat: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """:func:`python_sums` of runs laid end to end in ``flat`` (``counts``: their lengths)."""
+    width = int(counts.max(initial=0))
+    if width > WIDEST_RUN or set(map(type, values)) - {float}:
+        items, bounds = flat.tolist(), np.cumsum(counts).tolist()
+        return np.array([sum(map(values.__getitem__, items[a:b])) for a, b in zip([0, *bounds[:-1]], bounds)],
+                        dtype=np.float64)
+    flat_values = np.asarray(values, dtype=np.float64)[flat]
+    order = np.argsort(-counts, kind="stable")  # longest first: the runs still going at ``k`` are a prefix
+    starts, lengths = (np.cumsum(counts) - counts)[order], counts[order]
+    total, compensation = np.zeros(len(counts)), np.zeros(len(counts))
+    active = np.searchsorted(-lengths, -np.arange(width), side="left")  # how many runs are longer than k
+    for k in range(width):
+        live = int(active[k])
+        x = flat_values[starts[:live] + k]
+        if k == 0:
+            total[:live] = x
+            continue
+        head = total[:live]
+        t = head + x
+        if COMPENSATED_SUM:
+            compensation[:live] += np.where(np.abs(head) >= np.abs(x), (head - t) + x, (x - t) + head)
+        total[:live] = t
+    fix = (compensation != 0) & np.isfinite(compensation)
+    total[fix] += compensation[fix]
+    out = np.empty(len(counts))
+    out[order] = total
+    return out
 
 
 def peak_cost(plan: list[RankPlan] | None, costs: Sequence[float]) -> float:

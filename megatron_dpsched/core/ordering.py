@@ -55,20 +55,20 @@ def arrangements(
 ) -> tuple[list[list[int]], list[list[int]]]:
     """Each micro-batch's samples in index order, and for each of ``orders`` (of :data:`PIPELINE_ORDERS`)
     the positions of those micro-batches in its run order: one sort for all orders."""
-    batches = [sorted(mb) for mb in micro_batches]
-    weight = [sum(map(costs.__getitem__, mb)) for mb in batches]
-    ascending = sorted(range(len(batches)), key=lambda b: (weight[b], batches[b][:1]))
+    batches = list(map(sorted, micro_batches))
+    keys = [(sum(map(costs.__getitem__, mb)), mb[:1]) for mb in batches]
+    ascending = sorted(range(len(batches)), key=keys.__getitem__)
     return batches, [_arrange(ascending, order) for order in orders]
 
 
 def _arrange(ascending: list[int], order: str) -> list[int]:
     """Positions sorted by ascending cost, in ``order``'s run order."""
+    if order == "pipeline":
+        return ascending[0::2] + ascending[1::2][::-1]
+    if order == "ascending":
+        return ascending
     descending = ascending[::-1]
-    arranged = {
-        "pipeline": lambda: ascending[0::2] + ascending[1::2][::-1],
-        "verl": lambda: descending[0::2][::-1] + descending[1::2],
-        "descending": lambda: descending,
-        "ascending": lambda: ascending,
-    }
-    assert order in arranged, f"unknown micro-batch order {order!r}"
-    return arranged[order]()
+    if order == "verl":
+        return descending[0::2][::-1] + descending[1::2]
+    assert order == "descending", f"unknown micro-batch order {order!r}"
+    return descending

@@ -18,7 +18,7 @@ from itertools import chain
 
 import numpy as np
 
-from megatron_dpsched.core.padding import collated_size
+from megatron_dpsched.core.padding import collated_size, collated_sizes
 
 
 def bin_lower_bound(sizes: Sequence[int], cap: int, *, padded_rows: bool = False) -> int:
@@ -61,11 +61,14 @@ def chunk_decreasing(items: Sequence[int], sizes: Sequence[int], cap: int) -> li
     longest remaining sample with the next ``cap // m - 1`` longest uses the fewest micro-batches (an
     exchange argument: swapping a shorter sample into the longest's micro-batch never breaks a cap).
     """
-    ordered = sorted(items, key=lambda i: (-sizes[i], i))
+    ids = np.fromiter(items, dtype=np.int64)
+    ordered_sizes = np.fromiter(map(sizes.__getitem__, ids.tolist()), dtype=np.int64, count=len(ids))
+    order = np.lexsort((ids, -ordered_sizes))
+    ordered, ordered_sizes = ids[order].tolist(), ordered_sizes[order].tolist()
     bins: list[list[int]] = []
     position = 0
     while position < len(ordered):
-        rows = max(1, cap // sizes[ordered[position]])
+        rows = max(1, cap // ordered_sizes[position])
         bins.append(ordered[position : position + rows])
         position += rows
     return bins
@@ -74,27 +77,86 @@ def chunk_decreasing(items: Sequence[int], sizes: Sequence[int], cap: int) -> li
 def best_fit_decreasing(
     items: Sequence[int], sizes: Sequence[int], cap: int, *, padded_rows: bool = False
 ) -> list[list[int]]:
-    """Pack ``items`` by best-fit decreasing (the 11/9 OPT + 6/9 bound of FFD) in O(n log n);
-    with ``padded_rows`` by :func:`chunk_decreasing` (the fewest micro-batches)."""
+    """Pack ``items`` by best-fit decreasing (the 11/9 OPT + 6/9 bound of FFD); with ``padded_rows`` by
+    :func:`chunk_decreasing` (the fewest micro-batches).
+
+    Items go longest first (ties in the order given), each into the open micro-batch of least room that fits it
+    (ties: the first opened), else into a new one; a micro-batch left without room, or holding a sample of at
+    least ``cap``, closes. Items of one size go together (:class:`_OpenBins`): a micro-batch of room ``r`` takes
+    ``r // size`` of them in a row (it stays the one of least room that fits), so the work is per size and
+    per distinct room, not per item.
+    """
     if padded_rows:
         return chunk_decreasing(items, sizes, cap)
-    bins: list[list[int]] = []
-    open_bins: list[tuple[int, int]] = []  # (residual, bin id), ascending
-    for item in sorted(items, key=lambda i: -sizes[i]):
-        size = sizes[item]
-        if size >= cap:
-            bins.append([item])
-            continue
-        pos = bisect_left(open_bins, (size, -1))
-        if pos == len(open_bins):
-            bins.append([item])
-            insort(open_bins, (cap - size, len(bins) - 1))
-            continue
-        residual, bin_id = open_bins.pop(pos)
-        bins[bin_id].append(item)
-        if residual > size:
-            insort(open_bins, (residual - size, bin_id))
-    return bins
+    ids = np.fromiter(items, dtype=np.int64) if not isinstance(items, np.ndarray) else items.astype(np.int64)
+    if not len(ids):
+        return []
+    item_sizes = np.fromiter(map(sizes.__getitem__, ids.tolist()), dtype=np.int64, count=len(ids))
+    order = np.argsort(-item_sizes, kind="stable")
+    ids, item_sizes = ids[order], item_sizes[order]
+    owners: list[int] = []
+    starts = [0, *(np.flatnonzero(item_sizes[1:] != item_sizes[:-1]) + 1).tolist()]
+    open_bins = _OpenBins(cap)
+    for start, stop in zip(starts, [*starts[1:], len(ids)]):
+        open_bins.place(int(item_sizes[start]), stop - start, owners)
+    return _gather_bins(ids, np.array(owners, dtype=np.int64), open_bins.count)
+
+
+class _OpenBins:
+    """Best fit's open micro-batches: their ids by room (each room's ids ascending) and how many were opened."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap, self.count = cap, 0
+        self.by_room: dict[int, list[int]] = {}
+        self.rooms: list[int] = []  # the rooms of open micro-batches, ascending
+
+    def add(self, room: int, bins: list[int]) -> None:
+        """Open micro-batches ``bins`` (ascending) now have ``room`` (closed at 0)."""
+        if room <= 0 or not bins:
+            return
+        held = self.by_room.get(room)
+        if held is None:
+            insort(self.rooms, room)
+            self.by_room[room] = bins
+        else:  # two ascending runs: a linear merge
+            self.by_room[room] = sorted(held + bins)
+
+    def take(self, room: int, count: int) -> list[int]:
+        """The first ``count`` micro-batches of ``room`` (all of them when there are fewer), no longer there."""
+        held = self.by_room[room]
+        taken, left = held[:count], held[count:]
+        if left:
+            self.by_room[room] = left
+        else:
+            del self.by_room[room]
+            self.rooms.pop(bisect_left(self.rooms, room))
+        return taken
+
+    def place(self, size: int, count: int, owners: list[int]) -> None:
+        """Place ``count`` items of one ``size`` as one by one best fit would; their bins go to ``owners``."""
+        cap = self.cap
+        if size < cap:
+            at = bisect_left(self.rooms, size)
+            while count and at < len(self.rooms):
+                room = self.rooms[at]
+                each = room // size  # items a micro-batch of this room takes in a row
+                full = self.take(room, count // each)
+                owners.extend(full if each == 1 else [b for b in full for _ in range(each)])
+                count -= len(full) * each
+                self.add(room - each * size, full)
+                if count and room in self.by_room:  # one takes the rest, fewer than ``each``
+                    (last,) = self.take(room, 1)
+                    owners.extend([last] * count)
+                    self.add(room - count * size, [last])
+                    count = 0
+                at = bisect_left(self.rooms, room + 1)
+        each = max(1, cap // size) if size < cap else 1  # new micro-batches: each takes this many
+        fresh = -(-count // each)
+        owners.extend([b for b in range(self.count, self.count + fresh) for _ in range(each)][:count])
+        if size < cap and fresh:
+            self.add(cap - each * size, list(range(self.count, self.count + fresh - 1)))
+            self.add(cap - (count - (fresh - 1) * each) * size, [self.count + fresh - 1])
+        self.count += fresh
 
 
 def first_fit(items: Sequence[int], sizes: Sequence[int], cap: int) -> list[list[int]]:
@@ -198,9 +260,9 @@ def _split_owned(
     if len(out) == num_bins:
         return out
     if loads is None:
-        loads = [collated_size(b, sizes, padded_rows=padded_rows) for b in out]
-    heap = [(-load, i) for i, (b, load) in enumerate(zip(out, loads, strict=True)) if len(b) > 1]
-    heapq.heapify(heap)
+        loads = collated_sizes(out, sizes, padded_rows=padded_rows)
+    assert len(loads) == len(out)
+    heap = _fullest(out, loads, num_bins - len(out))
     halve = _split_rows if padded_rows else _halve
     while len(out) < num_bins and heap:
         _, i = heapq.heappop(heap)
@@ -212,6 +274,19 @@ def _split_owned(
                 heapq.heappush(heap, (-collated_size(out[j], sizes, padded_rows=padded_rows), j))
     out.extend([] for _ in range(num_bins - len(out)))
     return out
+
+
+def _fullest(bins: list[list[int]], loads: Sequence[int], splits: int) -> list[tuple[int, int]]:
+    """The heap of ``(-load, bin)`` of :func:`_split_owned`'s multi-sample bins, only the ``splits`` first in that
+    order: each split pops one entry and the bins' own entries pop in their order, so ``splits`` splits never
+    reach a later one."""
+    candidates = np.flatnonzero(np.fromiter(map(len, bins), dtype=np.int64, count=len(bins)) > 1)
+    load_array = np.asarray(loads, dtype=np.int64)
+    if len(candidates) > splits:
+        candidates = candidates[np.argsort(-load_array[candidates], kind="stable")[:splits]]
+    heap = list(zip((-load_array[candidates]).tolist(), candidates.tolist()))
+    heapq.heapify(heap)
+    return heap
 
 
 def pack_into(
@@ -236,25 +311,49 @@ def pack_into(
     return split_to_count(bins, sizes, num_bins)
 
 
+Refits = dict[int, tuple[list[list[int]], list[int]]]
+"""Per rank that does not fit: its best-fit decreasing micro-batches (padded rows: :func:`chunk_decreasing`'s)
+and their collated sizes."""
+
+
 def pack_ranks(
-    ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int, num_bins: int, *, padded_rows: bool = False
+    ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int, num_bins: int, *, padded_rows: bool = False,
+    refits: Refits | None = None,
 ) -> list[list[list[int]] | None]:
     """:func:`pack_into` of every rank's items (the same micro-batches); the worst-fit pass runs on all ranks at
     once with NumPy when there are at least :data:`VECTOR_RANKS` ranks (:func:`_worst_fit_ranks`), then the
-    best-fit pass on all ranks where worst fit overflowed (:func:`_best_fit_ranks`)."""
+    best-fit pass on all ranks where worst fit overflowed (:func:`best_fit_ranks`). ``refits``, when given,
+    receives the best-fit (or chunked) micro-batches of the ranks that do not fit, where this pass made them."""
     total, width = sum(len(items) for items in ranks), max((len(items) for items in ranks), default=0)
-    if padded_rows or len(ranks) < VECTOR_RANKS or width * len(ranks) > 4 * total + 65536:
-        return [pack_into(items, sizes, cap, num_bins, padded_rows=padded_rows) for items in ranks]
+    if padded_rows:
+        return [_pack_rows(rank, items, sizes, cap, num_bins, refits=refits) for rank, items in enumerate(ranks)]
+    if len(ranks) < VECTOR_RANKS or width * len(ranks) > 4 * total + 65536:
+        return [pack_into(items, sizes, cap, num_bins) for items in ranks]
     layout = _rank_grid(ranks, sizes)
     packed = _worst_fit_ranks(ranks, sizes, cap, num_bins, layout=layout)
     overflowed = [r for r, bins in enumerate(packed) if bins is None]  # pack_into's worst fit fails there too
     if not overflowed:
         return packed
     subset = _grid_subset(layout, np.array([bins is None for bins in packed], dtype=bool))
-    refits = _best_fit_ranks([ranks[r] for r in overflowed], sizes, cap, layout=subset)
-    for r, (bins, loads) in zip(overflowed, refits, strict=True):
+    best_fits = best_fit_ranks([ranks[r] for r in overflowed], sizes, cap, layout=subset)
+    for r, (bins, loads) in zip(overflowed, best_fits, strict=True):
         packed[r] = None if len(bins) > num_bins else _split_owned(bins, sizes, num_bins, loads=loads)  # fresh
+        if packed[r] is None and refits is not None:
+            refits[r] = (bins, loads)
     return packed
+
+
+def _pack_rows(
+    rank: int, items: Sequence[int], sizes: Sequence[int], cap: int, num_bins: int, *, refits: Refits | None
+) -> list[list[int]] | None:
+    """:func:`pack_into` with padded rows of one rank's ``items``; chunks that need more than ``num_bins`` go to
+    ``refits`` (when given) under ``rank``."""
+    bins = chunk_decreasing(items, sizes, cap)
+    if len(bins) <= num_bins:
+        return split_to_count(bins, sizes, num_bins, padded_rows=True)
+    if refits is not None:
+        refits[rank] = (bins, collated_sizes(bins, sizes, padded_rows=True))
+    return None
 
 
 VECTOR_RANKS = 16
@@ -274,7 +373,12 @@ def _worst_fit_ranks(
     chosen = np.zeros((width, len(ranks)), dtype=np.int64)
     offsets, full = np.arange(len(ranks)) * num_bins, 1 << 62  # an oversize sample's micro-batch: full
     oversize = bool(np.any(item_sizes > cap))
-    for t in range(width):
+    lead = min(width, num_bins) if int(item_sizes.min(initial=1)) > 0 else 0
+    if lead:  # the first ``num_bins`` steps fill the empty micro-batches in order (bin ``t`` the first empty one)
+        firsts = grid[:lead].T
+        loads.reshape(len(ranks), num_bins)[:, :lead] = np.where(firsts > cap, full, firsts)
+        chosen[:lead] = np.arange(lead)[:, None] + offsets
+    for t in range(lead, width):
         size = grid[t]
         at = loads.reshape(len(ranks), num_bins).argmin(axis=1) + offsets
         load = loads[at] + size  # no item (0) adds nothing
@@ -332,7 +436,7 @@ def _gather_bins(flat_items: np.ndarray, key: np.ndarray, count: int) -> list[li
     return [members[a:b] for a, b in zip([0, *bounds[:-1]], bounds)]
 
 
-def _best_fit_ranks(
+def best_fit_ranks(
     ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int, *, layout: Grid | None = None
 ) -> list[tuple[list[list[int]], list[int]]]:
     """:func:`best_fit_decreasing` of every rank, with its bins' token loads; all ranks at once with NumPy

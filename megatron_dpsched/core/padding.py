@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from itertools import chain
+
+import numpy as np
 
 
 def planned_sizes(lengths: Sequence[int], *, pad_multiple: int) -> tuple[int, ...]:
@@ -25,7 +28,7 @@ def collated_size(items: Sequence[int], sizes: Sequence[int], *, padded_rows: bo
         return 0
     if padded_rows:
         return len(items) * max(sizes[i] for i in items)
-    return sum(sizes[i] for i in items)
+    return sum(map(sizes.__getitem__, items))
 
 
 def room(*, count: int, fill: int, longest: int, cap: int, padded_rows: bool) -> int:
@@ -61,3 +64,45 @@ def gemm_alignment_for(*, fp8: str | None = None, fp8_recipe: str | None = None,
     if fp8:
         return 32 if fp8_recipe == "mxfp8" else 16
     return 32 if fp4 else 1
+
+
+def rooms(*, counts: np.ndarray, fills: np.ndarray, longest: np.ndarray, cap: int, padded_rows: bool) -> np.ndarray:
+    """:func:`room` of many micro-batches at once (NumPy arrays of their sample counts, fills and longest sizes)."""
+    if padded_rows:
+        rows = counts + 1
+        return np.where(rows * longest <= cap, cap // rows, 0)
+    return cap - fills
+
+
+def collated_sizes(bins: Sequence[Sequence[int]], sizes: Sequence[int], *, padded_rows: bool) -> list[int]:
+    """:func:`collated_size` of every micro-batch of ``bins``, with NumPy (the samples' sizes read from an array of
+    all sizes where the bins hold at least a quarter of the samples)."""
+    counts = np.fromiter(map(len, bins), dtype=np.int64, count=len(bins))
+    total = int(counts.sum())
+    if isinstance(sizes, np.ndarray) or 4 * total >= len(sizes):
+        flat = np.fromiter(chain.from_iterable(bins), dtype=np.int64, count=total)
+        flat_sizes = np.asarray(sizes, dtype=np.int64)[flat]
+    else:
+        flat_sizes = np.fromiter(map(sizes.__getitem__, chain.from_iterable(bins)), dtype=np.int64, count=total)
+    filled = counts > 0
+    starts = (np.cumsum(counts) - counts)[filled]  # a filled bin's samples run to the next filled bin's start
+    out = np.zeros(len(bins), dtype=np.int64)
+    if len(flat_sizes):
+        reduce = np.maximum if padded_rows else np.add
+        out[filled] = reduce.reduceat(flat_sizes, starts)
+    return (out * counts if padded_rows else out).tolist()
+
+
+def micro_batch_arrays(bins: Sequence[Sequence[int]], sizes: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Each micro-batch's sample count, its samples (all micro-batches' in a row), planned tokens and longest
+    planned size (0 for an empty one), from one pass over ``bins`` (``sizes``: every sample's, as an array)."""
+    counts = np.fromiter(map(len, bins), dtype=np.int64, count=len(bins))
+    flat = np.fromiter(chain.from_iterable(bins), dtype=np.int64, count=int(counts.sum()))
+    flat_sizes = sizes[flat]
+    fills, longest = np.zeros(len(bins), dtype=np.int64), np.zeros(len(bins), dtype=np.int64)
+    filled = counts > 0
+    if len(flat):  # a filled micro-batch's samples run to the next filled one's start
+        starts = (np.cumsum(counts) - counts)[filled]
+        fills[filled] = np.add.reduceat(flat_sizes, starts)
+        longest[filled] = np.maximum.reduceat(flat_sizes, starts)
+    return counts, flat, fills, longest

@@ -10,23 +10,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from itertools import chain
 
 import numpy as np
 
 from megatron_dpsched.core import padding
-from megatron_dpsched.core.balancing import assign_bins, lpt_assign, peak_cost, refine_by_moves
+from megatron_dpsched.core.balancing import assign_bins, lpt_assign, peak_cost, python_sums, refine_by_moves
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
 from megatron_dpsched.core.objective import MAX_STALE_COUNTS, count_bound, plan_for_step_time, tail_heavy
 from megatron_dpsched.core.ordering import order_micro_batches
 from megatron_dpsched.core.packing import (
+    Refits,
     best_fit_decreasing,
+    best_fit_ranks,
     bin_lower_bound,
     first_fit,
     pack_ranks,
     split_to_count,
-    target_bin,
 )
-from megatron_dpsched.core.padding import collated_size, planned_sizes
+from megatron_dpsched.core.padding import collated_sizes, planned_sizes
 
 
 def plan_step(
@@ -157,8 +159,7 @@ def _plan_dynamic(sizes: list[int], costs: list[float], *, config: ScheduleConfi
             if plan is None and best is None and num_microbatches >= upper:
                 plan = _plan_by_bins(global_bins, sizes, costs, config=config)
             if plan is not None:
-                _refine(plan, sizes, costs, config=config)
-                peak = peak_cost(plan, costs)
+                peak = _refine(plan, sizes, costs, config=config)
         stale = stale + 1 if best is not None else 0
         if peak < best_peak * (1 - BALANCE_TOLERANCE):
             best, best_peak, stale = plan, peak, 0
@@ -218,12 +219,13 @@ def _balanced_peak(costs: list[float], config: ScheduleConfig) -> float:
     return max(sum(costs) / config.dp_size, max(costs)) * (1 + BALANCE_TOLERANCE)
 
 
-def _refine(plan: list[RankPlan], sizes: list[int], costs: list[float], *, config: ScheduleConfig) -> None:
+def _refine(plan: list[RankPlan], sizes: list[int], costs: list[float], *, config: ScheduleConfig) -> float:
     """Step 5's refinement (:func:`~megatron_dpsched.core.balancing.refine_by_moves`, in place): single samples
     move off the busiest rank into a lighter rank's micro-batch with room while that lowers the busiest rank's
-    cost, at most ``4 * dp_size`` moves."""
-    refine_by_moves(plan, sizes=sizes, costs=costs, cap=config.token_cap, max_moves=4 * config.dp_size,
-                    padded_rows=config.padded_rows)
+    cost, at most ``4 * dp_size`` moves; returns the refined plan's busiest rank's cost
+    (:func:`~megatron_dpsched.core.balancing.peak_cost`)."""
+    return refine_by_moves(plan, sizes=sizes, costs=costs, cap=config.token_cap, max_moves=4 * config.dp_size,
+                           padded_rows=config.padded_rows)
 
 
 def _bins_count(bins: list[list[int]], config: ScheduleConfig) -> int:
@@ -272,12 +274,16 @@ def _first_fitting_count(
 
 def _global_packing(sizes: list[int], config: ScheduleConfig) -> list[list[int]]:
     """The better of best-fit decreasing and first fit in arrival order over the whole step (so never more
-    micro-batches than a global first fit); with ``padded_rows`` the chunking of
+    micro-batches per rank than a global first fit; best fit alone where its count per rank is step 2's lower
+    bound, which first fit cannot beat); with ``padded_rows`` the chunking of
     :func:`~megatron_dpsched.core.packing.chunk_decreasing` (the fewest)."""
     items, cap = range(len(sizes)), config.token_cap
     if config.padded_rows:
         return best_fit_decreasing(items, sizes, cap, padded_rows=True)
-    return min(best_fit_decreasing(items, sizes, cap), first_fit(items, sizes, cap), key=len)
+    best_fit = best_fit_decreasing(items, sizes, cap)
+    if _bins_count(best_fit, config) <= lower_bound_microbatches(sizes, config=config):
+        return best_fit  # first fit cannot lower the count per rank
+    return min(best_fit, first_fit(items, sizes, cap), key=len)
 
 
 def _plan_by_bins(
@@ -311,10 +317,12 @@ def _assign_and_pack(
     )
     if ranks is None:
         return None
-    packed = pack_ranks(ranks, sizes, cap, num_microbatches, padded_rows=rows)
+    refits: Refits = {}
+    packed = pack_ranks(ranks, sizes, cap, num_microbatches, padded_rows=rows, refits=refits)
     if all(bins is not None for bins in packed):
         return packed
-    return _repair_overflow(ranks, packed, sizes, costs, config=config, num_microbatches=num_microbatches)
+    return _repair_overflow(ranks, packed, sizes, costs, config=config, num_microbatches=num_microbatches,
+                            refits=refits)
 
 
 def _repair_overflow(
@@ -325,22 +333,29 @@ def _repair_overflow(
     *,
     config: ScheduleConfig,
     num_microbatches: int,
+    refits: Refits,
 ) -> list[RankPlan] | None:
     """A rank whose samples need more than ``num_microbatches`` micro-batches hands the samples of its emptiest
-    ones (best-fit decreasing, by collated size) to the least-loaded ranks with room; ``None`` if one fits nowhere."""
+    ones (best-fit decreasing, by collated size) to the least-loaded ranks with room; ``None`` if one fits nowhere.
+    ``refits``: those micro-batches where :func:`~megatron_dpsched.core.packing.pack_ranks` made them."""
     cap, rows = config.token_cap, config.padded_rows
-    loads = [sum(costs[i] for i in items) for items in ranks]
+    loads = python_sums(costs, ranks).tolist()
+    failing = [rank for rank, bins in enumerate(packed) if bins is None]
+    missing = [rank for rank in failing if rank not in refits]
+    if rows:
+        refits.update((r, (bins, collated_sizes(bins, sizes, padded_rows=True)))
+                      for r, bins in zip(missing, (best_fit_decreasing(ranks[r], sizes, cap, padded_rows=True)
+                                                   for r in missing), strict=True))
+    else:
+        refits.update(zip(missing, best_fit_ranks([ranks[r] for r in missing], sizes, cap), strict=True))
     homeless: list[int] = []
-    bins_per_rank: list[RankPlan] = []
-    for rank, bins in enumerate(packed):
-        if bins is None:
-            bins = sorted(best_fit_decreasing(ranks[rank], sizes, cap, padded_rows=rows),
-                          key=lambda b: -collated_size(b, sizes, padded_rows=rows))
-            for item in (i for b in bins[num_microbatches:] for i in b):
-                homeless.append(item)
-                loads[rank] -= costs[item]
-            bins = bins[:num_microbatches]
-        bins_per_rank.append(bins)
+    bins_per_rank = list(packed)
+    for rank, (bins, collated) in ((r, refits[r]) for r in failing):
+        order = sorted(range(len(bins)), key=lambda b: -collated[b])
+        for item in (i for b in order[num_microbatches:] for i in bins[b]):
+            homeless.append(item)
+            loads[rank] -= costs[item]
+        bins_per_rank[rank] = [bins[b] for b in order[:num_microbatches]]
     if not _rehome(sorted(homeless, key=lambda i: -sizes[i]), bins_per_rank, loads, sizes=sizes, costs=costs,
                    config=config):
         return None
@@ -351,26 +366,40 @@ def _rehome(
     homeless: list[int], bins_per_rank: list[RankPlan], loads: list[float], *,
     sizes: list[int], costs: list[float], config: ScheduleConfig,
 ) -> bool:
-    """Each homeless sample (longest first) into the lightest rank with room; ``False`` if one fits nowhere."""
+    """Each homeless sample (longest first) into the lightest rank with room (the first empty micro-batch, else
+    the first with room); ``False`` if one fits nowhere. The micro-batches' fills, counts, longest samples and
+    rooms are NumPy arrays, rank by rank (:func:`_bin_arrays`)."""
     cap, rows = config.token_cap, config.padded_rows
-    fills = [[collated_size(b, sizes, padded_rows=False) for b in bins] for bins in bins_per_rank]
-    longest = [[max((sizes[i] for i in b), default=0) for b in bins] for bins in bins_per_rank]
-
-    def room(rank: int, b: int) -> int:
-        return padding.room(count=len(bins_per_rank[rank][b]), fill=fills[rank][b], longest=longest[rank][b],
-                            cap=cap, padded_rows=rows)
-
-    rooms = [[room(r, b) for b in range(len(bins))] for r, bins in enumerate(bins_per_rank)]
+    first, counts, fills, longest = _bin_arrays(bins_per_rank, sizes)
+    rooms = padding.rooms(counts=counts, fills=fills, longest=longest, cap=cap, padded_rows=rows)
+    if not rows and sum(sizes[i] for i in homeless) > int(np.maximum(rooms, 0).sum()):
+        return False  # not enough room left on all ranks together
+    widest = np.array([int(rooms[a:b].max(initial=0)) for a, b in zip(first, first[1:])], dtype=np.int64)
+    rank_loads = np.array(loads, dtype=np.float64)
     for item in homeless:
         size = sizes[item]
-        fits = [r for r in range(len(loads)) if rooms[r] and max(rooms[r]) >= size]
-        if not fits:
+        fits = widest >= size
+        if not fits.any():
             return False
-        rank = min(fits, key=lambda r: loads[r])
-        b = target_bin(fills[rank], rooms[rank], size)
-        bins_per_rank[rank][b].append(item)
-        fills[rank][b] += size
-        longest[rank][b] = max(longest[rank][b], size)
-        rooms[rank][b] = room(rank, b)
-        loads[rank] += costs[item]
+        rank = int(np.argmin(np.where(fits, rank_loads, np.inf)))
+        a, z = first[rank], first[rank + 1]
+        empty = np.flatnonzero(fills[a:z] == 0)
+        b = a + (int(empty[0]) if len(empty) else int(np.argmax(rooms[a:z] >= size)))
+        bins_per_rank[rank][b - a].append(item)
+        counts[b], fills[b], longest[b] = counts[b] + 1, fills[b] + size, max(int(longest[b]), size)
+        rooms[b] = padding.room(count=int(counts[b]), fill=int(fills[b]), longest=int(longest[b]), cap=cap,
+                                padded_rows=rows)
+        widest[rank] = int(rooms[a:z].max())
+        rank_loads[rank] = float(rank_loads[rank]) + costs[item]
     return True
+
+
+def _bin_arrays(
+    bins_per_rank: list[RankPlan], sizes: list[int]
+) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray]:
+    """Where each rank's micro-batches start in the arrays, and each micro-batch's sample count, planned tokens
+    and longest planned size (0 for an empty one)."""
+    first = np.concatenate(([0], np.cumsum([len(bins) for bins in bins_per_rank]))).tolist()
+    bins = list(chain.from_iterable(bins_per_rank))
+    counts, _, fills, longest = padding.micro_batch_arrays(bins, np.asarray(sizes, dtype=np.int64))
+    return first, counts, fills, longest

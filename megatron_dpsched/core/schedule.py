@@ -82,6 +82,7 @@ import threading
 from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from itertools import accumulate, chain
 from typing import Any
 
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
@@ -357,26 +358,34 @@ def assemble_schedule(
     config: ScheduleConfig,
     dropped: list[int],
 ) -> DPSchedule:
-    """Turn per-step, per-rank micro-batches into the rank-major contract."""
-    partitions: list[list[int]] = [[] for _ in range(config.dp_size)]
-    micro_batch_indices: list[list[tuple[int, ...]]] = [[] for _ in range(config.dp_size)]
-    for step_plan in plans:
-        for micro_batches, partition, indices in zip(step_plan, partitions, micro_batch_indices, strict=True):
-            for mb in micro_batches:
-                start = len(partition)
-                partition.extend(mb)
-                indices.append(tuple(range(start, len(partition))))
+    """Turn per-step, per-rank micro-batches into the rank-major contract (micro-batch indices of the same span
+    are one tuple, shared by the ranks: :class:`_Spans`)."""
+    assert all(len(step_plan) == config.dp_size for step_plan in plans)
+    partitions, micro_batch_indices, spans = [], [], _Spans()
+    for rank in range(config.dp_size):
+        micro_batches = [mb for step_plan in plans for mb in step_plan[rank]]
+        ends = list(accumulate(map(len, micro_batches)))
+        partitions.append(tuple(chain.from_iterable(micro_batches)))
+        micro_batch_indices.append(tuple(map(spans.__getitem__, zip([0, *ends[:-1]], ends))))
     return DPSchedule(
         config=config,
         lengths=tuple(lengths),
         costs=costs,
         groups=None if groups is None else tuple(_plain(g) for g in groups),
-        partitions=tuple(tuple(p) for p in partitions),
-        micro_batch_indices=tuple(tuple(mbs) for mbs in micro_batch_indices),
+        partitions=tuple(partitions),
+        micro_batch_indices=tuple(micro_batch_indices),
         num_microbatches=tuple(len(step_plan[0]) for step_plan in plans),
-        step_num_samples=tuple(sum(len(mb) for rank in step for mb in rank) for step in plans),
+        step_num_samples=tuple(sum(map(len, chain.from_iterable(step))) for step in plans),
         dropped=tuple(dropped),
     )
+
+
+class _Spans(dict[tuple[int, int], tuple[int, ...]]):
+    """``(start, end)`` to ``tuple(range(start, end))``, made once."""
+
+    def __missing__(self, key: tuple[int, int]) -> tuple[int, ...]:
+        value = self[key] = tuple(range(*key))
+        return value
 
 
 def _plain(group_id: Hashable) -> Hashable:

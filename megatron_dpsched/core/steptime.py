@@ -366,13 +366,18 @@ def _simulate_ranks(times: np.ndarray, layout: PipelineLayout, backward_factor: 
     count = times.shape[1]
     share = 1.0 / (layout.pp_size * layout.vpp_size)
     durations = np.concatenate((times * share, backward_factor * times * share), axis=1).T.copy()
-    end = np.zeros((2 * count * layout.pp_size * layout.vpp_size, times.shape[0]))
-    free = np.zeros((layout.pp_size, times.shape[0]))
+    ops = 2 * count * layout.pp_size * layout.vpp_size
+    end = np.zeros((ops + 1, times.shape[0]))  # row ``ops``: zeros, when a stage is free before its first op
+    rows, lasts = list(end), [ops] * layout.pp_size  # each stage's latest op (its end: when the stage is free)
+    spans, scratch = list(durations), np.empty(times.shape[0])
+    add, maximum = np.add, np.maximum
     for stage, op, dependency, duration_index in _op_sequence(layout, count):
-        start = free[stage] if dependency < 0 else np.maximum(free[stage], end[dependency])
-        np.add(start, durations[duration_index], out=end[op])
-        free[stage] = end[op]
-    return free.max(axis=0).tolist()
+        if dependency < 0:
+            add(rows[lasts[stage]], spans[duration_index], out=rows[op])
+        else:
+            add(maximum(rows[lasts[stage]], rows[dependency], out=scratch), spans[duration_index], out=rows[op])
+        lasts[stage] = op
+    return end[lasts].max(axis=0).tolist()
 
 
 @lru_cache(maxsize=256)

@@ -228,7 +228,7 @@ def test_best_fit_of_all_ranks_as_the_sorted_list(seed: int) -> None:
     rng.shuffle(items)
     cuts = sorted(rng.randint(0, len(items)) for _ in range(rng.randint(packing.VECTOR_RANKS - 1, 40)))
     ranks = [items[a:b] for a, b in zip([0, *cuts], [*cuts, len(items)])]
-    got = packing._best_fit_ranks(ranks, sizes, cap)
+    got = packing.best_fit_ranks(ranks, sizes, cap)
     assert [bins for bins, _ in got] == [reference_best_fit(rank, sizes, cap) for rank in ranks]
     assert [loads for _, loads in got] == [[sum(sizes[i] for i in b) for b in bins] for bins, _ in got]
 
