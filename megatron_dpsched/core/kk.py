@@ -19,8 +19,11 @@ micro-batches.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -107,3 +110,58 @@ def _merge_capped(first: list[_Part], second: list[_Part], *, cap: int) -> list[
             return None
         merged.append(part + unused.pop(match))
     return merged
+
+
+def deal_equal_counts(items: Sequence[int], *, costs: Sequence[float], num_parts: int) -> list[list[int]]:
+    """``items`` dealt to ``num_parts`` ranks of near-equal summed ``costs`` whose sample counts differ by at most
+    one: largest differencing with equal counts (the samples, dearest first, in runs of ``num_parts``, one per
+    part, start the partial partitions; the two with the largest spread merge, dearest part of one with the
+    cheapest of the other). Each merge is one NumPy pass over the parts; which samples a part holds is resolved
+    once at the end from the merges, so the work is ``O(len(items) log)`` whatever ``num_parts``."""
+    assert num_parts >= 1
+    ids = np.asarray(items, dtype=np.int64)
+    if not len(ids):
+        return [[] for _ in range(num_parts)]
+    every = np.asarray(costs, dtype=np.float64)
+    ordered = ids[np.lexsort((ids, -every[ids]))]
+    runs = math.ceil(len(ordered) / num_parts)
+    grid = np.full(runs * num_parts, -1, dtype=np.int64)
+    grid[:len(ordered)] = ordered
+    grid = grid.reshape(runs, num_parts)  # row r: run r, its j-th sample in part j (-1: empty)
+    seed = np.where(grid >= 0, every[np.maximum(grid, 0)], 0.0)
+    sums = list(seed)
+    merges: list[tuple[int, int, np.ndarray]] = []  # node runs + k: merged part i = raw part order[i] of merge k
+    heap = [(-(row[0] - row[-1]), r) for r, row in enumerate(sums)]
+    heapq.heapify(heap)
+    while len(heap) > 1:
+        first, second = heapq.heappop(heap)[1], heapq.heappop(heap)[1]
+        raw = sums[first] + sums[second][::-1]
+        order = np.argsort(-raw, kind="stable")
+        sums.append(raw[order])
+        merges.append((first, second, order))
+        heapq.heappush(heap, (-(sums[-1][0] - sums[-1][-1]), len(sums) - 1))
+    labels = _resolve(runs, merges, root=heap[0][1], num_parts=num_parts)
+    keep = grid >= 0
+    owners, members = labels[keep], grid[keep]
+    by_part = np.lexsort((members, owners))
+    bounds = np.searchsorted(owners[by_part], np.arange(num_parts + 1))
+    flat = members[by_part].tolist()
+    return [flat[bounds[p]:bounds[p + 1]] for p in range(num_parts)]
+
+
+def _resolve(runs: int, merges: list[tuple[int, int, np.ndarray]], *, root: int, num_parts: int) -> np.ndarray:
+    """Per run of :func:`deal_equal_counts` (rows), the final part of each of its samples (columns), from the
+    merges: node ``runs + k`` is merge ``k``; a node's ``labels[i]`` is the final part its part ``i`` ends in."""
+    out = np.empty((runs, num_parts), dtype=np.int64)
+    stack = [(root, np.arange(num_parts))]
+    while stack:
+        node, labels = stack.pop()
+        if node < runs:
+            out[node] = labels
+            continue
+        first, second, order = merges[node - runs]
+        first_labels, second_labels = np.empty_like(labels), np.empty_like(labels)
+        first_labels[order] = labels
+        second_labels[num_parts - 1 - order] = labels
+        stack += [(first, first_labels), (second, second_labels)]
+    return out

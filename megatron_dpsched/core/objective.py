@@ -56,9 +56,10 @@ from itertools import chain
 
 import numpy as np
 
+from megatron_dpsched.core.alignment import PipelineLayout
 from megatron_dpsched.core.balancing import peak_cost, rank_maxima
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
-from megatron_dpsched.core.kk import differencing_pack
+from megatron_dpsched.core.kk import deal_equal_counts, differencing_pack
 from megatron_dpsched.core.ordering import PIPELINE_ORDERS, arrangements, order_micro_batches
 from megatron_dpsched.core.packing import pack_ranks
 from megatron_dpsched.core.steptime import VECTOR_RANKS, rank_makespans
@@ -101,6 +102,16 @@ one's time, so the step gains only when every rank above the new step time is re
 samples per rank: all of them); a bound on the planning time where ranks hold many samples."""
 COST_EQUAL_RANKS = 16
 """The fewest ranks :func:`cost_equal` may repack, however many samples they hold."""
+KK_SLACK = 0.001
+""":func:`kk_deals` runs only where the chosen plan is more than this share above :func:`ideal_seconds` (with
+``pp_size == 1``, where that is a floor, more than :data:`KK_MARGIN`)."""
+KK_MARGIN = 0.0025
+"""A KK-dealt plan (:func:`kk_deals`) replaces the chosen one only when faster by more than this share (half the
+0.5% a step may trail a peer: the default plan stays where the deal gains little)."""
+KK_COUNTS = 2
+"""Legal counts on each side of the chosen one that :func:`kk_deals` also tries."""
+KK_PACK_BUDGET = 2_000_000
+"""Samples times micro-batches above which :func:`kk_deals` packs by step 4 instead of largest differencing."""
 MAX_TAIL_COUNTS = 12
 """At most this many fresh plans above the default's count are timed per step (:func:`_tail_counts`)."""
 
@@ -286,7 +297,77 @@ def plan_for_step_time(
         seed = min((c for c in candidates if c.num_microbatches >= base.num_microbatches), key=lambda c: c.seconds)
         own = count_bound(seed.plan, config=config, lower_bound=lower_bound)
         candidates += _more_counts(seed, timer, limit=max(seed.num_microbatches, min(limit, own)))
-    return cost_equal(choose(candidates, ceiling=base.seconds), timer).plan
+    chosen = cost_equal(choose(candidates, ceiling=base.seconds), timer)
+    return min([chosen, *kk_deals(chosen, timer, lower_bound=lower_bound)],
+               key=lambda c: (c.seconds >= chosen.seconds * (1 - KK_MARGIN), c.seconds)).plan
+
+
+def ideal_seconds(timer: StepTimer, count: int) -> float:
+    """The step time at ``count`` micro-batches were every rank to hold the mean work (or the dearest sample) in
+    micro-batches of equal time, each paying ``seconds_per_microbatch``: with ``pp_size > 1`` plus the 1F1B fill
+    and drain of one such micro-batch over the other stages (``(pp_size - 1) / vpp_size`` of it). What the
+    lock-step or pipeline bound leaves on the table is a plan's time above it (:func:`kk_deals`). Not a strict
+    floor: unequal micro-batches, the cheapest at both ends, fill and drain faster."""
+    config, model = timer.config, timer.config.step_time_model
+    assert model is not None
+    times = timer.sample_times()
+    work = max(math.fsum(times) / config.dp_size, max(times)) + count * model.seconds_per_microbatch
+    pp, vpp = config.pp_size, config.vpp_size
+    fill = (pp - 1) / vpp * work / count
+    return (1 + model.backward_factor) * (work + fill) / pp
+
+
+def kk_deals(chosen: Candidate, timer: StepTimer, *, lower_bound: int) -> list[Candidate]:
+    """Where ``chosen`` runs more than :data:`KK_SLACK` above :func:`ideal_seconds` at its count: the step's samples
+    dealt to the ranks by equal-count largest differencing on their forward times
+    (:func:`~megatron_dpsched.core.kk.deal_equal_counts`) and each rank packed
+    (:func:`~megatron_dpsched.core.kk.differencing_pack` with ``pp_size > 1`` within :data:`KK_PACK_BUDGET`, else
+    step 4), at the chosen count and, with ``pp_size > 1``, its legal neighbours, :data:`KK_COUNTS` below and above,
+    within the deal's bound (:func:`count_bound`). Without ``padded_rows`` only (rows of the longest sample are
+    step 4's)."""
+    config = timer.config
+    slack = KK_MARGIN if config.pp_size == 1 else KK_SLACK
+    if config.padded_rows or chosen.seconds <= ideal_seconds(timer, chosen.num_microbatches) * (1 + slack):
+        return []
+    times = timer.sample_times()
+    ranks = deal_equal_counts(range(len(timer.sizes)), costs=times, num_parts=config.dp_size)
+    found = []
+    counts = [chosen.num_microbatches] if config.pp_size == 1 else _neighbours(
+        chosen.num_microbatches, config.layout, lower_bound=lower_bound)  # one stage: more never help, fewer searched
+    for count in counts:
+        if count > count_bound([[rank] for rank in ranks], config=config, lower_bound=lower_bound):
+            continue
+        plan = _pack_dealt(ranks, timer, count=count)
+        if plan is not None:
+            found.append(timer.candidate(plan))
+    return found
+
+
+def _neighbours(count: int, layout: PipelineLayout, *, lower_bound: int) -> list[int]:
+    """``count`` and the :data:`KK_COUNTS` legal counts on each side of it (none below ``lower_bound``)."""
+    below, above, out = count, count, [count]
+    for _ in range(KK_COUNTS):
+        below = max((c for c in range(lower_bound, below) if layout.is_legal(c)), default=None) if below else None
+        above = layout.next_legal(above)
+        out += [c for c in (below, above) if c is not None]
+    return out
+
+
+def _pack_dealt(ranks: list[list[int]], timer: StepTimer, *, count: int) -> list[RankPlan] | None:
+    """Each dealt rank in ``count`` micro-batches under the cap: cost-equal where the pipeline's time depends on
+    each micro-batch's (``pp_size > 1``, within :data:`KK_PACK_BUDGET`), else (or where that fails) step 4's
+    packing; ``None`` when a rank does not fit."""
+    config = timer.config
+    cap = config.token_cap
+    assert cap is not None
+    packed: list[RankPlan | None] = [None] * len(ranks)
+    if config.pp_size > 1 and len(timer.sizes) * count <= KK_PACK_BUDGET:
+        times = timer.sample_times()
+        packed = [differencing_pack(rank, sizes=timer.sizes, costs=times, cap=cap, num_bins=count) for rank in ranks]
+    rest = [r for r, bins in enumerate(packed) if bins is None]
+    for r, bins in zip(rest, pack_ranks([ranks[r] for r in rest], timer.sizes, cap, count, padded_rows=False)):
+        packed[r] = bins
+    return None if any(bins is None for bins in packed) else packed  # type: ignore[return-value]
 
 
 def tail_heavy(plan: list[RankPlan], costs: Sequence[float]) -> bool:
