@@ -110,8 +110,12 @@ KK_MARGIN = 0.0025
 0.5% a step may trail a peer: the default plan stays where the deal gains little)."""
 KK_COUNTS = 2
 """Legal counts on each side of the chosen one that :func:`kk_deals` also tries."""
-KK_PACK_BUDGET = 2_000_000
-"""Samples times micro-batches above which :func:`kk_deals` packs by step 4 instead of largest differencing."""
+KK_MAX_SAMPLES = 32768
+""":func:`kk_deals` deals steps of at most this many samples (64 per rank on 512 ranks): a larger step holds enough
+samples per rank for steps 3-5 to balance it, and dealing and packing it anew costs more than it pays."""
+KK_PACK_BUDGET = 200_000
+"""Samples times micro-batches that :func:`kk_deals` packs by largest differencing per step, summed over its counts
+(nearest the chosen count first); past it, by step 4 (a bound on the planning time where steps are large)."""
 MAX_TAIL_COUNTS = 12
 """At most this many fresh plans above the default's count are timed per step (:func:`_tail_counts`)."""
 
@@ -323,21 +327,25 @@ def kk_deals(chosen: Candidate, timer: StepTimer, *, lower_bound: int) -> list[C
     (:func:`~megatron_dpsched.core.kk.deal_equal_counts`) and each rank packed
     (:func:`~megatron_dpsched.core.kk.differencing_pack` with ``pp_size > 1`` within :data:`KK_PACK_BUDGET`, else
     step 4), at the chosen count and, with ``pp_size > 1``, its legal neighbours, :data:`KK_COUNTS` below and above,
-    within the deal's bound (:func:`count_bound`). Without ``padded_rows`` only (rows of the longest sample are
-    step 4's)."""
+    within the deal's bound (:func:`count_bound`). Steps of at most :data:`KK_MAX_SAMPLES` samples without
+    ``padded_rows`` only (rows of the longest sample are step 4's)."""
     config = timer.config
     slack = KK_MARGIN if config.pp_size == 1 else KK_SLACK
-    if config.padded_rows or chosen.seconds <= ideal_seconds(timer, chosen.num_microbatches) * (1 + slack):
+    if config.padded_rows or len(timer.sizes) > KK_MAX_SAMPLES:
+        return []
+    if chosen.seconds <= ideal_seconds(timer, chosen.num_microbatches) * (1 + slack):
         return []
     times = timer.sample_times()
     ranks = deal_equal_counts(range(len(timer.sizes)), costs=times, num_parts=config.dp_size)
-    found = []
+    found, budget = [], KK_PACK_BUDGET
     counts = [chosen.num_microbatches] if config.pp_size == 1 else _neighbours(
         chosen.num_microbatches, config.layout, lower_bound=lower_bound)  # one stage: more never help, fewer searched
     for count in counts:
         if count > count_bound([[rank] for rank in ranks], config=config, lower_bound=lower_bound):
             continue
-        plan = _pack_dealt(ranks, timer, count=count)
+        equal = config.pp_size > 1 and len(timer.sizes) * count <= budget
+        budget -= len(timer.sizes) * count if equal else 0
+        plan = _pack_dealt(ranks, timer, count=count, cost_equal=equal)
         if plan is not None:
             found.append(timer.candidate(plan))
     return found
@@ -353,15 +361,15 @@ def _neighbours(count: int, layout: PipelineLayout, *, lower_bound: int) -> list
     return out
 
 
-def _pack_dealt(ranks: list[list[int]], timer: StepTimer, *, count: int) -> list[RankPlan] | None:
-    """Each dealt rank in ``count`` micro-batches under the cap: cost-equal where the pipeline's time depends on
-    each micro-batch's (``pp_size > 1``, within :data:`KK_PACK_BUDGET`), else (or where that fails) step 4's
-    packing; ``None`` when a rank does not fit."""
+def _pack_dealt(ranks: list[list[int]], timer: StepTimer, *, count: int, cost_equal: bool) -> list[RankPlan] | None:
+    """Each dealt rank in ``count`` micro-batches under the cap: with ``cost_equal`` by
+    :func:`~megatron_dpsched.core.kk.differencing_pack` (with pipelines a rank's time depends on each micro-batch's),
+    else (or where that fails) by step 4; ``None`` when a rank does not fit."""
     config = timer.config
     cap = config.token_cap
     assert cap is not None
     packed: list[RankPlan | None] = [None] * len(ranks)
-    if config.pp_size > 1 and len(timer.sizes) * count <= KK_PACK_BUDGET:
+    if cost_equal:
         times = timer.sample_times()
         packed = [differencing_pack(rank, sizes=timer.sizes, costs=times, cap=cap, num_bins=count) for rank in ranks]
     rest = [r for r, bins in enumerate(packed) if bins is None]
