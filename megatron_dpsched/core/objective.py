@@ -44,6 +44,16 @@ evens tokens; a long sample's attention makes its micro-batch dearer) and runs t
 fastest order, where the simulator finds it faster by more than :data:`ORDER_MARGIN`; the step keeps
 the result only when its step time is lower by that margin, else the candidate as it was (ties to it).
 With ``pp_size == 1`` a rank's time is its micro-batches' sum, which no packing of its samples changes.
+
+Then, where the result runs more than :data:`KK_SLACK` above :func:`ideal_seconds` (every rank the mean work in
+equal micro-batches: the time the lock-step or pipeline bound says is left on the table; with ``pp_size == 1``,
+where that is a floor, more than :data:`KK_MARGIN`), :func:`kk_deals` deals the step's samples to the ranks anew
+by Karmarkar-Karp with equal counts (:func:`~megatron_dpsched.core.kk.deal_equal_counts`, on the samples' forward
+times) and packs each rank at the chosen count and, with ``pp_size > 1``, at the :data:`KK_COUNTS` legal counts on
+each side (cost-equal within :data:`KK_PACK_BUDGET`, else step 4); the fastest of these replaces the plan where it
+simulates faster by more than :data:`KK_MARGIN` (steps of at most :data:`KK_MAX_SAMPLES` samples, no
+``padded_rows``). Step 5 balances rank costs within its tolerance by moves; the deal balances them, and with a
+pipeline the micro-batches within each rank, as slime's and verl's Karmarkar-Karp deals do.
 """
 
 from __future__ import annotations
