@@ -491,7 +491,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="workload: per-micro-batch forward time o = S * c(2048), one run per S")
     parser.add_argument("--synthetic", action=argparse.BooleanOptionalAction, default=True,
                         help="also plan the synthetic sets: a heavy tail past the cap (up to 32k tokens), log-normal, "
-                             "bimodal, rare giants, RL rollouts with giants near the 4096 limit")
+                             "bimodal, rare giants, RL rollouts with giants near the 4096 limit, rare giants past the "
+                             "cap")
     parser.add_argument("--datasets", nargs="+", help="only these length sets (file stems or synthetic_* names)")
     parser.add_argument("--no-planning-time", dest="planning_time", action="store_false",
                         help="skip the 65,536-sample planning time")
@@ -512,7 +513,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def synthetic_pools(seed: int = 1234) -> dict[str, list[int]]:
     """Synthetic length sets: the heavy tail past the cap (``bench_schedule.heavy_tail``, up to 32k), a log-normal
     (median 1000), a bimodal (short answers and 3k reasoning traces), rare giants (2% of 3k-4k in short
-    samples) and RL rollouts with giants near the 4096 response limit (12% of samples in the top 8% below it)."""
+    samples), RL rollouts with giants near the 4096 response limit (12% of samples in the top 8% below it) and rare
+    giants past the cap (1% of 6k-24k in short samples)."""
     rng = random.Random(seed)
     clip = lambda x: max(16, min(4096, int(x)))  # noqa: E731
     return {
@@ -524,6 +526,8 @@ def synthetic_pools(seed: int = 1234) -> dict[str, list[int]]:
                                        rng.lognormvariate(math.log(300), 0.6)) for _ in range(20000)],
         "synthetic_rl_giants": [clip(rng.uniform(3770, 4096) if rng.random() < 0.12 else
                                      rng.lognormvariate(math.log(800), 0.7)) for _ in range(20000)],
+        "synthetic_giants_past_cap": [int(rng.uniform(6000, 24000)) if rng.random() < 0.01 else
+                                      clip(rng.lognormvariate(math.log(300), 0.6)) for _ in range(20000)],
     }
 
 
