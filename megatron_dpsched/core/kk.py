@@ -112,22 +112,25 @@ def _merge_capped(first: list[_Part], second: list[_Part], *, cap: int) -> list[
     return merged
 
 
-def deal_equal_counts(items: Sequence[int], *, costs: Sequence[float], num_parts: int) -> list[list[int]]:
-    """``items`` dealt to ``num_parts`` ranks of near-equal summed ``costs`` whose sample counts differ by at most
-    one: largest differencing with equal counts (the samples, dearest first, in runs of ``num_parts``, one per
-    part, start the partial partitions; the two with the largest spread merge, dearest part of one with the
-    cheapest of the other). Each merge is one NumPy pass over the parts; which samples a part holds is resolved
-    once at the end from the merges, so the work is ``O(len(items) log)`` whatever ``num_parts``."""
+def kk_deal(
+    items: Sequence[int], *, costs: Sequence[float], num_parts: int, equal_counts: bool = True
+) -> list[list[int]]:
+    """``items`` dealt to ``num_parts`` ranks of near-equal summed ``costs`` by largest differencing: the samples,
+    dearest first, in runs of ``num_parts`` (``equal_counts``: one per part, so the ranks' sample counts differ by
+    at most one) or one by one, start the partial partitions; the two with the largest spread merge, dearest part
+    of one with the cheapest of the other. Each merge is one NumPy pass over the parts; which samples a part holds
+    is resolved once at the end from the merges: ``O(len(items) log)`` work with equal counts, ``O(len(items) *
+    num_parts)`` without."""
     assert num_parts >= 1
     ids = np.asarray(items, dtype=np.int64)
     if not len(ids):
         return [[] for _ in range(num_parts)]
     every = np.asarray(costs, dtype=np.float64)
     ordered = ids[np.lexsort((ids, -every[ids]))]
-    runs = math.ceil(len(ordered) / num_parts)
-    grid = np.full(runs * num_parts, -1, dtype=np.int64)
-    grid[:len(ordered)] = ordered
-    grid = grid.reshape(runs, num_parts)  # row r: run r, its j-th sample in part j (-1: empty)
+    width = num_parts if equal_counts else 1
+    runs = math.ceil(len(ordered) / width)
+    grid = np.full((runs, num_parts), -1, dtype=np.int64)  # row r: run r, its j-th sample in part j (-1: empty)
+    grid[:, :width].reshape(-1)[:len(ordered)] = ordered
     seed = np.where(grid >= 0, every[np.maximum(grid, 0)], 0.0)
     sums = list(seed)
     merges: list[tuple[int, int, np.ndarray]] = []  # node runs + k: merged part i = raw part order[i] of merge k
@@ -150,7 +153,7 @@ def deal_equal_counts(items: Sequence[int], *, costs: Sequence[float], num_parts
 
 
 def _resolve(runs: int, merges: list[tuple[int, int, np.ndarray]], *, root: int, num_parts: int) -> np.ndarray:
-    """Per run of :func:`deal_equal_counts` (rows), the final part of each of its samples (columns), from the
+    """Per run of :func:`kk_deal` (rows), the final part of each of its samples (columns), from the
     merges: node ``runs + k`` is merge ``k``; a node's ``labels[i]`` is the final part its part ``i`` ends in."""
     out = np.empty((runs, num_parts), dtype=np.int64)
     stack = [(root, np.arange(num_parts))]

@@ -48,12 +48,13 @@ With ``pp_size == 1`` a rank's time is its micro-batches' sum, which no packing 
 Then, where the result runs more than :data:`KK_SLACK` above :func:`ideal_seconds` (every rank the mean work in
 equal micro-batches: the time the lock-step or pipeline bound says is left on the table; with ``pp_size == 1``,
 where that is a floor, more than :data:`KK_MARGIN`), :func:`kk_deals` deals the step's samples to the ranks anew
-by Karmarkar-Karp with equal counts (:func:`~megatron_dpsched.core.kk.deal_equal_counts`, on the samples' forward
-times) and packs each rank at the chosen count and, with ``pp_size > 1``, at the :data:`KK_COUNTS` legal counts on
-each side (cost-equal within :data:`KK_PACK_BUDGET`, else step 4); the fastest of these replaces the plan where it
-simulates faster by more than :data:`KK_MARGIN` (steps of at most :data:`KK_MAX_SAMPLES` samples, no
-``padded_rows``). Step 5 balances rank costs within its tolerance by moves; the deal balances them, and with a
-pipeline the micro-batches within each rank, as slime's and verl's Karmarkar-Karp deals do.
+by Karmarkar-Karp (:func:`~megatron_dpsched.core.kk.kk_deal` on the samples' forward times, with equal counts and
+plainly) and packs each rank at the chosen count and the :data:`KK_COUNTS` legal counts above it (with
+``pp_size > 1`` also below it; cost-equal within :data:`KK_PACK_BUDGET`, else step 4); the fastest of these
+replaces the plan where it simulates faster by more than :data:`KK_MARGIN` (steps of at most
+:data:`KK_MAX_SAMPLES` samples, no ``padded_rows``). Step 5 balances rank costs within its tolerance by moves;
+the deal balances them further, and with a pipeline the micro-batches within each rank, as slime's and verl's
+Karmarkar-Karp deals do.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ import numpy as np
 from megatron_dpsched.core.alignment import PipelineLayout
 from megatron_dpsched.core.balancing import peak_cost, rank_maxima
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
-from megatron_dpsched.core.kk import deal_equal_counts, differencing_pack
+from megatron_dpsched.core.kk import differencing_pack, kk_deal
 from megatron_dpsched.core.ordering import PIPELINE_ORDERS, arrangements, order_micro_batches
 from megatron_dpsched.core.packing import pack_ranks
 from megatron_dpsched.core.steptime import VECTOR_RANKS, rank_makespans
@@ -123,6 +124,9 @@ KK_COUNTS = 2
 KK_MAX_SAMPLES = 32768
 """:func:`kk_deals` deals steps of at most this many samples (64 per rank on 512 ranks): a larger step holds enough
 samples per rank for steps 3-5 to balance it, and dealing and packing it anew costs more than it pays."""
+KK_PLAIN_LIMIT = 2**20
+"""Samples times ranks up to which :func:`kk_deals` also deals plainly (one partial partition of ``dp_size`` parts
+per sample)."""
 KK_PACK_BUDGET = 200_000
 """Samples times micro-batches that :func:`kk_deals` packs by largest differencing per step, summed over its counts
 (nearest the chosen count first); past it, by step 4 (a bound on the planning time where steps are large)."""
@@ -312,8 +316,9 @@ def plan_for_step_time(
         own = count_bound(seed.plan, config=config, lower_bound=lower_bound)
         candidates += _more_counts(seed, timer, limit=max(seed.num_microbatches, min(limit, own)))
     chosen = cost_equal(choose(candidates, ceiling=base.seconds), timer)
-    return min([chosen, *kk_deals(chosen, timer, lower_bound=lower_bound)],
-               key=lambda c: (c.seconds >= chosen.seconds * (1 - KK_MARGIN), c.seconds)).plan
+    top = None if growth_limit is None else max(chosen.num_microbatches, growth_limit)
+    dealt = min(kk_deals(chosen, timer, lower_bound=lower_bound, limit=top), key=lambda c: c.seconds, default=chosen)
+    return (dealt if dealt.seconds < chosen.seconds * (1 - KK_MARGIN) else chosen).plan
 
 
 def ideal_seconds(timer: StepTimer, count: int) -> float:
@@ -331,38 +336,41 @@ def ideal_seconds(timer: StepTimer, count: int) -> float:
     return (1 + model.backward_factor) * (work + fill) / pp
 
 
-def kk_deals(chosen: Candidate, timer: StepTimer, *, lower_bound: int) -> list[Candidate]:
-    """Where ``chosen`` runs more than :data:`KK_SLACK` above :func:`ideal_seconds` at its count: the step's samples
-    dealt to the ranks by equal-count largest differencing on their forward times
-    (:func:`~megatron_dpsched.core.kk.deal_equal_counts`) and each rank packed
+def kk_deals(chosen: Candidate, timer: StepTimer, *, lower_bound: int, limit: int | None = None) -> list[Candidate]:
+    """Where ``chosen`` runs more than :data:`KK_SLACK` above :func:`ideal_seconds` at the best of its count and the
+    counts tried: the step's samples dealt to the ranks by largest differencing on their forward times
+    (:func:`~megatron_dpsched.core.kk.kk_deal`), with equal counts and, within :data:`KK_PLAIN_LIMIT`, plainly (a
+    tail past the cap wants fewer samples beside a giant), each rank packed
     (:func:`~megatron_dpsched.core.kk.differencing_pack` with ``pp_size > 1`` within :data:`KK_PACK_BUDGET`, else
-    step 4), at the chosen count and, with ``pp_size > 1``, its legal neighbours, :data:`KK_COUNTS` below and above,
-    within the deal's bound (:func:`count_bound`). Steps of at most :data:`KK_MAX_SAMPLES` samples without
-    ``padded_rows`` only (rows of the longest sample are step 4's)."""
+    step 4) at the chosen count and the :data:`KK_COUNTS` legal counts above it and, with ``pp_size > 1``, below
+    it, within each deal's bound (:func:`count_bound`) and ``limit`` (``balance_growth``'s). Steps of at most
+    :data:`KK_MAX_SAMPLES` samples without ``padded_rows`` only (rows of the longest sample are step 4's)."""
     config = timer.config
-    slack = KK_MARGIN if config.pp_size == 1 else KK_SLACK
     if config.padded_rows or len(timer.sizes) > KK_MAX_SAMPLES:
         return []
-    if chosen.seconds <= ideal_seconds(timer, chosen.num_microbatches) * (1 + slack):
+    counts = _neighbours(chosen.num_microbatches, config.layout, lower_bound=lower_bound if config.pp_size > 1
+                         else chosen.num_microbatches)  # one stage: fewer counts are step 7's own search
+    slack = KK_MARGIN if config.pp_size == 1 else KK_SLACK
+    if chosen.seconds <= min(ideal_seconds(timer, count) for count in counts) * (1 + slack):
         return []
-    times = timer.sample_times()
-    ranks = deal_equal_counts(range(len(timer.sizes)), costs=times, num_parts=config.dp_size)
-    found, budget = [], KK_PACK_BUDGET
-    counts = [chosen.num_microbatches] if config.pp_size == 1 else _neighbours(
-        chosen.num_microbatches, config.layout, lower_bound=lower_bound)  # one stage: more never help, fewer searched
-    for count in counts:
-        if count > count_bound([[rank] for rank in ranks], config=config, lower_bound=lower_bound):
-            continue
-        equal = config.pp_size > 1 and len(timer.sizes) * count <= budget
-        budget -= len(timer.sizes) * count if equal else 0
-        plan = _pack_dealt(ranks, timer, count=count, cost_equal=equal)
-        if plan is not None:
-            found.append(timer.candidate(plan))
+    times, found, budget = timer.sample_times(), [], KK_PACK_BUDGET
+    deals = [True, False] if len(times) * config.dp_size <= KK_PLAIN_LIMIT else [True]
+    for equal_counts in deals:
+        ranks = kk_deal(range(len(times)), costs=times, num_parts=config.dp_size, equal_counts=equal_counts)
+        bound = count_bound([[rank] for rank in ranks], config=config, lower_bound=lower_bound)
+        bound = bound if limit is None else min(bound, limit)
+        for count in (c for c in counts if c <= bound):
+            equal = config.pp_size > 1 and len(times) * count <= budget
+            budget -= len(times) * count if equal else 0
+            plan = _pack_dealt(ranks, timer, count=count, cost_equal=equal)
+            if plan is not None:
+                found.append(timer.candidate(plan))
     return found
 
 
 def _neighbours(count: int, layout: PipelineLayout, *, lower_bound: int) -> list[int]:
-    """``count`` and the :data:`KK_COUNTS` legal counts on each side of it (none below ``lower_bound``)."""
+    """``count`` and the :data:`KK_COUNTS` legal counts on each side of it (none below ``lower_bound``), nearest
+    first."""
     below, above, out = count, count, [count]
     for _ in range(KK_COUNTS):
         below = max((c for c in range(lower_bound, below) if layout.is_legal(c)), default=None) if below else None

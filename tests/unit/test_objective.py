@@ -121,8 +121,7 @@ def test_pp1_without_overhead_is_todays_plan(seed, balance):
         same = all(ours.rank_step_micro_batches(r, step) == default.rank_step_micro_batches(r, step)
                    for r in range(default.dp_size))
         if stats.relative_imbalance <= 1 + TAIL_IMBALANCE:  # balanced as well as the cap allows: today's plan,
-            assert same or (ours.num_microbatches[step] == default.num_microbatches[step]  # or a KK deal of its
-                            and step_seconds(ours, step, model)  # count faster by more than KK_MARGIN
+            assert same or (step_seconds(ours, step, model)  # or a KK deal faster by more than KK_MARGIN
                             < step_seconds(default, step, model) * (1 - KK_MARGIN))
         else:  # a tail past the cap kept step 5 from balancing: more micro-batches may run faster
             assert step_seconds(ours, step, model) <= step_seconds(default, step, model)
@@ -238,8 +237,7 @@ def test_pp1_without_overhead_keeps_a_balanced_plan_at_the_lower_bound_or_deals_
     ours = build_dp_schedule(lengths, **kwargs, step_time_model=TOKENS)
     balanced = stats.relative_imbalance <= 1 + TAIL_IMBALANCE  # else a tail past the cap may take more
     if stats.num_microbatches == stats.lower_bound and stats.empty_microbatches == 0 and balanced:
-        assert same_plan(ours, default) or (ours.num_microbatches == default.num_microbatches  # or a KK deal of it
-                                            and step_seconds(ours, 0, TOKENS)  # faster by more than KK_MARGIN
+        assert same_plan(ours, default) or (step_seconds(ours, 0, TOKENS)  # or a KK deal faster by KK_MARGIN
                                             < step_seconds(default, 0, TOKENS) * (1 - KK_MARGIN))
 
 
