@@ -168,3 +168,43 @@ def _resolve(runs: int, merges: list[tuple[int, int, np.ndarray]], *, root: int,
         second_labels[num_parts - 1 - order] = labels
         stack += [(first, first_labels), (second, second_labels)]
     return out
+
+
+def spread_pack(
+    ranks: Sequence[Sequence[int]], *, sizes: Sequence[int], costs: Sequence[float], cap: int, num_bins: int
+) -> list[list[list[int]] | None]:
+    """Each rank's samples in ``num_bins`` micro-batches of near-equal summed ``costs`` under the cap: dearest
+    first, each into its rank's cheapest micro-batch with room (a sample past the cap only into an empty one),
+    all ranks at once in NumPy, one pass per sample position. A rank where a sample finds no room is ``None``.
+    Micro-batches hold their samples dearest first; with at least ``num_bins`` samples none is empty."""
+    width = max(map(len, ranks), default=0)
+    every_cost, every_size = np.asarray(costs, dtype=np.float64), np.asarray(sizes, dtype=np.int64)
+    grid = np.full((len(ranks), width), -1, dtype=np.int64)
+    for r, rank in enumerate(ranks):
+        grid[r, :len(rank)] = sorted(rank, key=lambda i: (-costs[i], i))
+    loads = np.zeros((len(ranks), num_bins))
+    tokens = np.zeros((len(ranks), num_bins), dtype=np.int64)
+    where = np.full((len(ranks), width), -1, dtype=np.int64)
+    rows = np.arange(len(ranks))
+    for k in range(width):
+        items = grid[:, k]
+        live = items >= 0
+        size = every_size[np.maximum(items, 0)]
+        room = np.where((size > cap)[:, None], tokens == 0, tokens + size[:, None] <= cap)
+        choice = np.argmin(np.where(room, loads, np.inf), axis=1)
+        placed = live & room[rows, choice]
+        where[placed, k] = choice[placed]
+        loads[rows[placed], choice[placed]] += every_cost[items[placed]]
+        tokens[rows[placed], choice[placed]] += size[placed]
+    failed = ((grid >= 0) & (where < 0)).any(axis=1)
+    out: list[list[list[int]] | None] = []
+    for r in range(len(ranks)):
+        if failed[r]:
+            out.append(None)
+            continue
+        bins: list[list[int]] = [[] for _ in range(num_bins)]
+        for item, b in zip(grid[r].tolist(), where[r].tolist()):
+            if item >= 0:
+                bins[b].append(item)
+        out.append(bins)
+    return out

@@ -50,7 +50,7 @@ equal micro-batches: the time the lock-step or pipeline bound says is left on th
 where that is a floor, more than :data:`KK_MARGIN`), :func:`kk_deals` deals the step's samples to the ranks anew
 by Karmarkar-Karp (:func:`~megatron_dpsched.core.kk.kk_deal` on the samples' forward times, with equal counts and
 plainly) and packs each rank at the chosen count and the :data:`KK_COUNTS` legal counts above it (with
-``pp_size > 1`` also below it; cost-equal within :data:`KK_PACK_BUDGET`, else step 4); the fastest of these
+``pp_size > 1`` also below it; cost-spread by :func:`~megatron_dpsched.core.kk.spread_pack`); the fastest of these
 replaces the plan where it simulates faster by more than :data:`KK_MARGIN` (steps of at most
 :data:`KK_MAX_SAMPLES` samples, no ``padded_rows``). Step 5 balances rank costs within its tolerance by moves;
 the deal balances them further, and with a pipeline the micro-batches within each rank, as slime's and verl's
@@ -70,7 +70,7 @@ import numpy as np
 from megatron_dpsched.core.alignment import PipelineLayout
 from megatron_dpsched.core.balancing import peak_cost, rank_maxima
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
-from megatron_dpsched.core.kk import differencing_pack, kk_deal
+from megatron_dpsched.core.kk import differencing_pack, kk_deal, spread_pack
 from megatron_dpsched.core.ordering import PIPELINE_ORDERS, arrangements, order_micro_batches
 from megatron_dpsched.core.packing import pack_ranks
 from megatron_dpsched.core.steptime import VECTOR_RANKS, rank_makespans
@@ -119,17 +119,14 @@ KK_SLACK = 0.001
 KK_MARGIN = 0.0025
 """A KK-dealt plan (:func:`kk_deals`) replaces the chosen one only when faster by more than this share (half the
 0.5% a step may trail a peer: the default plan stays where the deal gains little)."""
-KK_COUNTS = 2
+KK_COUNTS = 1
 """Legal counts on each side of the chosen one that :func:`kk_deals` also tries."""
-KK_MAX_SAMPLES = 32768
-""":func:`kk_deals` deals steps of at most this many samples (64 per rank on 512 ranks): a larger step holds enough
+KK_MAX_SAMPLES = 4096
+""":func:`kk_deals` deals steps of at most this many samples (64 per rank on 64 ranks): a larger step holds enough
 samples per rank for steps 3-5 to balance it, and dealing and packing it anew costs more than it pays."""
 KK_PLAIN_LIMIT = 2**20
 """Samples times ranks up to which :func:`kk_deals` also deals plainly (one partial partition of ``dp_size`` parts
 per sample)."""
-KK_PACK_BUDGET = 200_000
-"""Samples times micro-batches that :func:`kk_deals` packs by largest differencing per step, summed over its counts
-(nearest the chosen count first); past it, by step 4 (a bound on the planning time where steps are large)."""
 MAX_TAIL_COUNTS = 12
 """At most this many fresh plans above the default's count are timed per step (:func:`_tail_counts`)."""
 
@@ -340,11 +337,10 @@ def kk_deals(chosen: Candidate, timer: StepTimer, *, lower_bound: int, limit: in
     """Where ``chosen`` runs more than :data:`KK_SLACK` above :func:`ideal_seconds` at the best of its count and the
     counts tried: the step's samples dealt to the ranks by largest differencing on their forward times
     (:func:`~megatron_dpsched.core.kk.kk_deal`), with equal counts and, within :data:`KK_PLAIN_LIMIT`, plainly (a
-    tail past the cap wants fewer samples beside a giant), each rank packed
-    (:func:`~megatron_dpsched.core.kk.differencing_pack` with ``pp_size > 1`` within :data:`KK_PACK_BUDGET`, else
-    step 4) at the chosen count and the :data:`KK_COUNTS` legal counts above it and, with ``pp_size > 1``, below
-    it, within each deal's bound (:func:`count_bound`) and ``limit`` (``balance_growth``'s). Steps of at most
-    :data:`KK_MAX_SAMPLES` samples without ``padded_rows`` only (rows of the longest sample are step 4's)."""
+    tail past the cap wants fewer samples beside a giant), each rank packed (:func:`_pack_dealt`) at the chosen
+    count and the :data:`KK_COUNTS` legal counts above it and, with ``pp_size > 1``, below it, within each deal's
+    bound (:func:`count_bound`) and ``limit`` (``balance_growth``'s). Steps of at most :data:`KK_MAX_SAMPLES`
+    samples without ``padded_rows`` only (rows of the longest sample are step 4's)."""
     config = timer.config
     if config.padded_rows or len(timer.sizes) > KK_MAX_SAMPLES:
         return []
@@ -353,16 +349,14 @@ def kk_deals(chosen: Candidate, timer: StepTimer, *, lower_bound: int, limit: in
     slack = KK_MARGIN if config.pp_size == 1 else KK_SLACK
     if chosen.seconds <= min(ideal_seconds(timer, count) for count in counts) * (1 + slack):
         return []
-    times, found, budget = timer.sample_times(), [], KK_PACK_BUDGET
+    times, found = timer.sample_times(), []
     deals = [True, False] if len(times) * config.dp_size <= KK_PLAIN_LIMIT else [True]
     for equal_counts in deals:
         ranks = kk_deal(range(len(times)), costs=times, num_parts=config.dp_size, equal_counts=equal_counts)
         bound = count_bound([[rank] for rank in ranks], config=config, lower_bound=lower_bound)
         bound = bound if limit is None else min(bound, limit)
         for count in (c for c in counts if c <= bound):
-            equal = config.pp_size > 1 and len(times) * count <= budget
-            budget -= len(times) * count if equal else 0
-            plan = _pack_dealt(ranks, timer, count=count, cost_equal=equal)
+            plan = _pack_dealt(ranks, timer, count=count)
             if plan is not None:
                 found.append(timer.candidate(plan))
     return found
@@ -379,17 +373,16 @@ def _neighbours(count: int, layout: PipelineLayout, *, lower_bound: int) -> list
     return out
 
 
-def _pack_dealt(ranks: list[list[int]], timer: StepTimer, *, count: int, cost_equal: bool) -> list[RankPlan] | None:
-    """Each dealt rank in ``count`` micro-batches under the cap: with ``cost_equal`` by
-    :func:`~megatron_dpsched.core.kk.differencing_pack` (with pipelines a rank's time depends on each micro-batch's),
-    else (or where that fails) by step 4; ``None`` when a rank does not fit."""
+def _pack_dealt(ranks: list[list[int]], timer: StepTimer, *, count: int) -> list[RankPlan] | None:
+    """Each dealt rank in ``count`` micro-batches under the cap: with ``pp_size > 1`` by
+    :func:`~megatron_dpsched.core.kk.spread_pack` on the samples' forward times (a pipeline's time depends on each
+    micro-batch's), else (or where that finds no room) by step 4; ``None`` when a rank does not fit."""
     config = timer.config
     cap = config.token_cap
     assert cap is not None
     packed: list[RankPlan | None] = [None] * len(ranks)
-    if cost_equal:
-        times = timer.sample_times()
-        packed = [differencing_pack(rank, sizes=timer.sizes, costs=times, cap=cap, num_bins=count) for rank in ranks]
+    if config.pp_size > 1:
+        packed = spread_pack(ranks, sizes=timer.sizes, costs=timer.sample_times(), cap=cap, num_bins=count)
     rest = [r for r, bins in enumerate(packed) if bins is None]
     for r, bins in zip(rest, pack_ranks([ranks[r] for r in rest], timer.sizes, cap, count, padded_rows=False)):
         packed[r] = bins
