@@ -45,15 +45,15 @@ fastest order, where the simulator finds it faster by more than :data:`ORDER_MAR
 the result only when its step time is lower by that margin, else the candidate as it was (ties to it).
 With ``pp_size == 1`` a rank's time is its micro-batches' sum, which no packing of its samples changes.
 
-Then, where the result runs more than :data:`KK_SLACK` above :func:`ideal_seconds` (every rank the mean work in
-equal micro-batches: the time the lock-step or pipeline bound says is left on the table; with ``pp_size == 1``,
-where that is a floor, more than :data:`KK_MARGIN`), :func:`kk_deals` deals the step's samples to the ranks anew
-by Karmarkar-Karp (:func:`~megatron_dpsched.core.kk.kk_deal` on the samples' forward times, with equal counts and
-plainly) and packs each rank at the chosen count and the :data:`KK_COUNTS` legal counts above it (with
-``pp_size > 1`` also below it; cost-spread by :func:`~megatron_dpsched.core.kk.spread_pack`); the fastest of these
-replaces the plan where it simulates faster by more than :data:`KK_MARGIN` (steps of at most
-:data:`KK_MAX_SAMPLES` samples, no ``padded_rows``). Step 5 balances rank costs within its tolerance by moves;
-the deal balances them further, and with a pipeline the micro-batches within each rank, as slime's and verl's
+Then, where the result runs more than :data:`KK_SLACK` above :func:`ideal_seconds` (a floor: every rank the mean
+work, the cheapest fill and drain; the time the lock-step or pipeline bound says is left on the table; with
+``pp_size == 1``, where the floor is tight, more than :data:`KK_MARGIN`), :func:`kk_deals` deals the step's samples
+to the ranks anew by Karmarkar-Karp (:func:`~megatron_dpsched.core.kk.kk_deal` on the samples' forward times, with
+equal counts and plainly) and packs each rank at the chosen count and the :data:`KK_COUNTS` legal counts above it
+(with ``pp_size > 1`` also below it; cost-spread by :func:`~megatron_dpsched.core.kk.spread_pack`); the fastest of
+these replaces the plan where it simulates faster by more than :data:`KK_MARGIN` (steps of at most
+:data:`KK_MAX_SAMPLES` samples, no ``padded_rows``). Step 5 balances rank costs within its tolerance by moves; the
+deal balances them further, and with a pipeline the micro-batches within each rank, as slime's and verl's
 Karmarkar-Karp deals do.
 """
 
@@ -319,18 +319,18 @@ def plan_for_step_time(
 
 
 def ideal_seconds(timer: StepTimer, count: int) -> float:
-    """The step time at ``count`` micro-batches were every rank to hold the mean work (or the dearest sample) in
-    micro-batches of equal time, each paying ``seconds_per_microbatch``: with ``pp_size > 1`` plus the 1F1B fill
-    and drain of one such micro-batch over the other stages (``(pp_size - 1) / vpp_size`` of it). What the
-    lock-step or pipeline bound leaves on the table is a plan's time above it (:func:`kk_deals`). Not a strict
-    floor: unequal micro-batches, the cheapest at both ends, fill and drain faster."""
+    """A floor of the step time at ``count`` micro-batches: the busiest rank holds at least the mean work (and the
+    dearest sample), each micro-batch pays ``seconds_per_microbatch``, and with ``pp_size > 1`` the first stage
+    also waits for the fill and drain of the cheapest micro-batch possible (a one-token dummy) over the other
+    stages (``(pp_size - 1) / vpp_size`` of it). What the lock-step or pipeline bound leaves on the table is a
+    plan's time above it (:func:`kk_deals`)."""
     config, model = timer.config, timer.config.step_time_model
     assert model is not None
     times = timer.sample_times()
     work = max(math.fsum(times) / config.dp_size, max(times)) + count * model.seconds_per_microbatch
-    pp, vpp = config.pp_size, config.vpp_size
-    fill = (pp - 1) / vpp * work / count
-    return (1 + model.backward_factor) * (work + fill) / pp
+    cheapest = model.seconds_per_token + model.seconds_per_token_pair + model.seconds_per_microbatch
+    fill = (config.pp_size - 1) / config.vpp_size * cheapest
+    return (1 + model.backward_factor) * (work + fill) / config.pp_size
 
 
 def kk_deals(chosen: Candidate, timer: StepTimer, *, lower_bound: int, limit: int | None = None) -> list[Candidate]:
