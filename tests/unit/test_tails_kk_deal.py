@@ -13,36 +13,17 @@ import pytest
 from assertions import assert_invariants
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_tails_and_kk import step_seconds, workload, workload_model
 
 from megatron_dpsched import DPSchedule, build_dp_schedule
-from megatron_dpsched.core import StepTimeModel, objective, rank_forward_times, simulate_step
+from megatron_dpsched.core import StepTimeModel, objective
 from megatron_dpsched.core.kk import kk_deal
 from megatron_dpsched.core.objective import KK_MARGIN
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 from kk_reference import largest_differencing  # noqa: E402  (written apart from core/kk.py)
 
-FLOPS = 1e12
 TOKENS = StepTimeModel(seconds_per_token=1.0)
-
-
-def workload(length: int) -> float:
-    """verl's workload ``24576 L + L^2``."""
-    return 24576.0 * length + float(length) * length
-
-
-def workload_model(scale: float) -> StepTimeModel:
-    """Forward = workload / 1e12 s, plus ``scale * c(2048)`` per micro-batch."""
-    return StepTimeModel(seconds_per_token=24576 / FLOPS, seconds_per_token_pair=1 / FLOPS,
-                         seconds_per_microbatch=scale * workload(2048) / FLOPS)
-
-
-def step_seconds(schedule: DPSchedule, step: int, model: StepTimeModel) -> float:
-    """The step's simulated time from the public model."""
-    lengths = schedule.lengths
-    per_rank = [rank_forward_times([[lengths[i] for i in mb] for mb in schedule.rank_step_micro_batches(r, step)],
-                                   model=model) for r in range(schedule.dp_size)]
-    return simulate_step(per_rank, layout=schedule.config.layout, model=model).seconds
 
 
 # --- core/kk.py: kk_deal ----------------------------------------------------------------------------------
