@@ -121,8 +121,8 @@ KK_MARGIN = 0.0025
 0.5% a step may trail a peer: the default plan stays where the deal gains little)."""
 KK_COUNTS = 1
 """Legal counts on each side of the chosen one that :func:`kk_deals` also tries."""
-KK_MAX_SAMPLES = 4096
-""":func:`kk_deals` deals steps of at most this many samples (64 per rank on 64 ranks): a larger step holds enough
+KK_MAX_SAMPLES = 16384
+""":func:`kk_deals` deals steps of at most this many samples (32 per rank on 512 ranks): a larger step holds enough
 samples per rank for steps 3-5 to balance it, and dealing and packing it anew costs more than it pays."""
 KK_PLAIN_LIMIT = 2**20
 """Samples times ranks up to which :func:`kk_deals` also deals plainly (one partial partition of ``dp_size`` parts
