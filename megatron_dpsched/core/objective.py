@@ -49,9 +49,9 @@ Then, where the result runs more than :data:`KK_SLACK` above :func:`ideal_second
 work, the cheapest fill and drain; the time the lock-step or pipeline bound says is left on the table; with
 ``pp_size == 1``, where the floor is tight, more than :data:`KK_MARGIN`), :func:`kk_deals` deals the step's samples
 to the ranks anew by Karmarkar-Karp (:func:`~megatron_dpsched.core.kk.kk_deal` on the samples' forward times, with
-equal counts and plainly) and packs each rank at the chosen count and the :data:`KK_COUNTS` legal counts above it
-(with ``pp_size > 1`` also below it; cost-spread by :func:`~megatron_dpsched.core.kk.spread_pack`); the fastest of
-these replaces the plan where it simulates faster by more than :data:`KK_MARGIN` (steps of at most
+equal counts, and with one stage plainly) and packs each rank at the chosen count and the :data:`KK_COUNTS` legal
+counts above it (with ``pp_size > 1`` also below it; cost-spread by :func:`~megatron_dpsched.core.kk.spread_pack`);
+the fastest of these replaces the plan where it simulates faster by more than :data:`KK_MARGIN` (steps of at most
 :data:`KK_MAX_SAMPLES` samples, no ``padded_rows``). Step 5 balances rank costs within its tolerance by moves; the
 deal balances them further, and with a pipeline the micro-batches within each rank, as slime's and verl's
 Karmarkar-Karp deals do.
@@ -336,21 +336,23 @@ def ideal_seconds(timer: StepTimer, count: int) -> float:
 def kk_deals(chosen: Candidate, timer: StepTimer, *, lower_bound: int, limit: int | None = None) -> list[Candidate]:
     """Where ``chosen`` runs more than :data:`KK_SLACK` above :func:`ideal_seconds` at the best of its count and the
     counts tried: the step's samples dealt to the ranks by largest differencing on their forward times
-    (:func:`~megatron_dpsched.core.kk.kk_deal`), with equal counts and, within :data:`KK_PLAIN_LIMIT`, plainly (a
-    tail past the cap wants fewer samples beside a giant), each rank packed (:func:`_pack_dealt`) at the chosen
-    count and the :data:`KK_COUNTS` legal counts above it and, with ``pp_size > 1``, below it, within each deal's
-    bound (:func:`count_bound`) and ``limit`` (``balance_growth``'s). Steps of at most :data:`KK_MAX_SAMPLES`
-    samples without ``padded_rows`` only (rows of the longest sample are step 4's)."""
+    (:func:`~megatron_dpsched.core.kk.kk_deal`), with equal counts and, with ``pp_size == 1`` within
+    :data:`KK_PLAIN_LIMIT`, plainly (a tail past the cap wants fewer samples beside a giant), each rank packed
+    (:func:`_pack_dealt`) at the chosen count and the :data:`KK_COUNTS` legal counts above it and, with
+    ``pp_size > 1``, below it, within each deal's bound (:func:`count_bound`) and ``limit`` (``balance_growth``'s).
+    Steps of at most :data:`KK_MAX_SAMPLES` samples and more than one per rank, without ``padded_rows`` (rows of
+    the longest sample are step 4's)."""
     config = timer.config
-    if config.padded_rows or len(timer.sizes) > KK_MAX_SAMPLES:
-        return []
+    if config.padded_rows or not config.dp_size < len(timer.sizes) <= KK_MAX_SAMPLES:
+        return []  # one sample per rank: every deal runs the same step
     counts = _neighbours(chosen.num_microbatches, config.layout, lower_bound=lower_bound if config.pp_size > 1
                          else chosen.num_microbatches)  # one stage: fewer counts are step 7's own search
     slack = KK_MARGIN if config.pp_size == 1 else KK_SLACK
     if chosen.seconds <= min(ideal_seconds(timer, count) for count in counts) * (1 + slack):
         return []
     times, found = timer.sample_times(), []
-    deals = [True, False] if len(times) * config.dp_size <= KK_PLAIN_LIMIT else [True]
+    plain = config.pp_size == 1 and len(times) * config.dp_size <= KK_PLAIN_LIMIT
+    deals = [True, False] if plain else [True]
     for equal_counts in deals:
         ranks = kk_deal(range(len(times)), costs=times, num_parts=config.dp_size, equal_counts=equal_counts)
         bound = count_bound([[rank] for rank in ranks], config=config, lower_bound=lower_bound)
