@@ -49,7 +49,7 @@ Then, where the result runs more than :data:`KK_SLACK` above :func:`ideal_second
 work, the cheapest fill and drain; the time the lock-step or pipeline bound says is left on the table; with
 ``pp_size == 1``, where the floor is tight, more than :data:`KK_MARGIN`), :func:`kk_deals` deals the step's samples
 to the ranks anew by Karmarkar-Karp (:func:`~megatron_dpsched.core.kk.kk_deal` on the samples' forward times, with
-equal counts, and with one stage plainly) and packs each rank at the chosen count and the :data:`KK_COUNTS` legal
+equal counts and plainly) and packs each rank at the chosen count and the :data:`KK_COUNTS` legal
 counts above it (with ``pp_size > 1`` also below it; cost-spread by :func:`~megatron_dpsched.core.kk.spread_pack`);
 the fastest of these replaces the plan where it simulates faster by more than :data:`KK_MARGIN` (steps of at most
 :data:`KK_MAX_SAMPLES` samples, no ``padded_rows``). Step 5 balances rank costs within its tolerance by moves; the
@@ -336,7 +336,7 @@ def ideal_seconds(timer: StepTimer, count: int) -> float:
 def kk_deals(chosen: Candidate, timer: StepTimer, *, lower_bound: int, limit: int | None = None) -> list[Candidate]:
     """Where ``chosen`` runs more than :data:`KK_SLACK` above :func:`ideal_seconds` at the best of its count and the
     counts tried: the step's samples dealt to the ranks by largest differencing on their forward times
-    (:func:`~megatron_dpsched.core.kk.kk_deal`), with equal counts and, with ``pp_size == 1`` within
+    (:func:`~megatron_dpsched.core.kk.kk_deal`), with equal counts and, within
     :data:`KK_PLAIN_LIMIT`, plainly (a tail past the cap wants fewer samples beside a giant), each rank packed
     (:func:`_pack_dealt`) at the chosen count and the :data:`KK_COUNTS` legal counts above it and, with
     ``pp_size > 1``, below it, within each deal's bound (:func:`count_bound`) and ``limit`` (``balance_growth``'s).
@@ -351,8 +351,7 @@ def kk_deals(chosen: Candidate, timer: StepTimer, *, lower_bound: int, limit: in
     if chosen.seconds <= min(ideal_seconds(timer, count) for count in counts) * (1 + slack):
         return []
     times, found = timer.sample_times(), []
-    plain = config.pp_size == 1 and len(times) * config.dp_size <= KK_PLAIN_LIMIT
-    deals = [True, False] if plain else [True]
+    deals = [True, False] if len(times) * config.dp_size <= KK_PLAIN_LIMIT else [True]
     for equal_counts in deals:
         ranks = kk_deal(range(len(times)), costs=times, num_parts=config.dp_size, equal_counts=equal_counts)
         bound = count_bound([[rank] for rank in ranks], config=config, lower_bound=lower_bound)
