@@ -15,8 +15,9 @@ says so and exits 0. Then it:
     at each ``--dp`` (default 8 64; add 512 for the large run), cap 4096 and 16384, PP1, PP4 and PP4 x VPP2,
     ``--steps`` steps of ``--samples-per-rank`` samples per rank, with the project (``default``: no step-time
     model; ``step-time``: ``step_time_model`` given) and every peer, and simulates every step on Megatron's
-    schedule with verl's workload ``c(L) = 24576 L + L^2`` per sample plus ``o = c(2048)`` per micro-batch, and
-    again with ``o`` ten times smaller (``--overhead-scales``); the project balances the same ``c``.
+    schedule (1F1B and interleaved, in ``bench_steptime``'s simulator written apart from the planner's) with
+    verl's workload ``c(L) = 24576 L + L^2`` per sample plus ``o = c(2048)`` per micro-batch, and again with
+    ``o`` ten times smaller (``--overhead-scales``); the project balances the same ``c``.
 
 Per layout, objective and peer it prints the project's worst step and median step as project / peer
 (> 1: the project is slower) and the steps it is behind by more than 0.5%. A peer step whose plan puts
@@ -47,14 +48,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_common import DEFAULT_LENGTHS_DIR, length_files  # noqa: E402
-from bench_steptime import WORKLOAD_FLOPS, synthetic_pools, workload  # noqa: E402
+from bench_steptime import WORKLOAD_FLOPS, independent_seconds, synthetic_pools, workload  # noqa: E402
 from peer_sources import REWRITES, STAND_INS, PeerPlanner, PeerRefused, load_peers  # noqa: E402
 
 from megatron_dpsched import build_dp_schedule  # noqa: E402
 from megatron_dpsched.baselines import PLANNERS, breaks_cap  # noqa: E402
 from megatron_dpsched.baselines.partition import pad_to_legal  # noqa: E402
 from megatron_dpsched.cli import read_lengths  # noqa: E402
-from megatron_dpsched.core import StepTimeModel, rank_forward_times, simulate_step  # noqa: E402
+from megatron_dpsched.core import StepTimeModel  # noqa: E402
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig  # noqa: E402
 
 TOLERANCE = 0.005
@@ -158,9 +159,9 @@ def workload_model(scale: float) -> StepTimeModel:
 
 def step_seconds(plan: Sequence[RankPlan], lengths: Sequence[int], *, config: ScheduleConfig,
                  model: StepTimeModel) -> float:
-    """Simulated step time of a plan (sample ids index ``lengths``): the slowest rank on Megatron's schedule."""
-    times = [rank_forward_times([[lengths[i] for i in mb] for mb in rank], model=model) for rank in plan]
-    return simulate_step(times, layout=config.layout, model=model).seconds
+    """Simulated step time of a plan (sample ids index ``lengths``): the slowest rank on Megatron's schedule, in
+    the benchmarks' own simulator (``bench_steptime.independent_seconds``, written apart from the planner's)."""
+    return independent_seconds(plan, lengths, layout=config.layout, model=model)
 
 
 # --- (a) rewrites against the real code -----------------------------------------------------------------------------

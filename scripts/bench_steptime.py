@@ -40,6 +40,7 @@ too), with ``--million`` also of 1,000,000 samples on 1,024 ranks drawn from eac
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import random
 import statistics
@@ -47,21 +48,101 @@ import sys
 import time
 import tracemalloc
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 from bench_common import DEFAULT_LENGTHS_DIR, length_files
 from bench_schedule import heavy_tail
 from kk_reference import kk_dealt_plans
 
 from megatron_dpsched import CostModel, DPSchedule, build_dp_schedule
+from megatron_dpsched.baselines import PLANNERS, breaks_cap
 from megatron_dpsched.cli import read_lengths
-from megatron_dpsched.core import StepTimeModel, rank_forward_times, simulate_step
+from megatron_dpsched.core import StepTimeModel
+from megatron_dpsched.core.alignment import PipelineLayout
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
 from megatron_dpsched.core.cost import sample_costs
 from megatron_dpsched.core.objective import repack_ranks
 from megatron_dpsched.core.planning import lower_bound_microbatches, plan_at_count
-from megatron_dpsched.core.steptime import rank_makespans
+
+# --- an independent pipeline simulator (written apart from megatron_dpsched.core.steptime) --------------------------
+
+
+def forward_seconds(batch_lengths: Sequence[int], model: StepTimeModel) -> float:
+    """A micro-batch's whole-model forward: ``a * tokens + b * sum of squares + c``; an empty one runs one token."""
+    if not batch_lengths:
+        return model.seconds_per_token + model.seconds_per_token_pair + model.seconds_per_microbatch
+    tokens = math.fsum(batch_lengths)
+    squares = math.fsum(float(n) * n for n in batch_lengths)
+    return model.seconds_per_token * tokens + model.seconds_per_token_pair * squares + model.seconds_per_microbatch
+
+
+@functools.lru_cache(maxsize=256)
+def pipeline_program(pp: int, vpp: int, group: int, count: int) -> tuple[tuple[int, int, int, int, int], ...]:
+    """Every op of one rank's step as ``(stage, forward?, micro-batch, virtual stage, dependency op or -1)``, in an
+    order that runs each op after its dependency and after the op before it on its stage. Megatron's programme per
+    stage: forwards go through the micro-batches group by group (``group`` micro-batches on chunk 0, then on chunk 1,
+    ...; the last group may be short), backwards through the same list with the chunks mirrored; ``warm`` forwards
+    first (``pp - s - 1``, interleaved ``2 (pp - s - 1) + (vpp - 1) group``, at most all), then one forward and one
+    backward in turn, then the backwards left."""
+    listing = [(m, chunk) for start in range(0, count, group) for chunk in range(vpp)
+               for m in range(start, min(start + group, count))]
+    programs = []
+    for stage in range(pp):
+        warm = pp - stage - 1 if vpp == 1 else 2 * (pp - stage - 1) + (vpp - 1) * group
+        warm = min(warm, len(listing))
+        fwd = [(1, m, chunk * pp + stage) for m, chunk in listing]
+        bwd = [(0, m, (vpp - 1 - chunk) * pp + stage) for m, chunk in listing]
+        ops = fwd[:warm]
+        for j in range(len(listing) - warm):
+            ops += [fwd[warm + j], bwd[j]]
+        programs.append(ops + bwd[len(listing) - warm:])
+    last = pp * vpp - 1
+    index: dict[tuple[int, int, int], int] = {}
+    out: list[tuple[int, int, int, int, int]] = []
+    heads = [0] * pp
+    while len(out) < sum(map(len, programs)):
+        moved = False
+        for stage in range(pp):
+            while heads[stage] < len(programs[stage]):
+                forward, m, virtual = programs[stage][heads[stage]]
+                need = ((1, m, virtual - 1) if virtual else None) if forward else (
+                    (1, m, last) if virtual == last else (0, m, virtual + 1))
+                if need is not None and need not in index:
+                    break
+                index[(forward, m, virtual)] = len(out)
+                out.append((stage, forward, m, virtual, -1 if need is None else index[need]))
+                heads[stage] += 1
+                moved = True
+        assert moved, "the programme deadlocks"
+    return tuple(out)
+
+
+def independent_makespans(forward: np.ndarray, *, pp: int, vpp: int, group: int, backward_factor: float) -> np.ndarray:
+    """Each rank's makespan (rows of ``forward``: its micro-batches' whole-model forward seconds in run order)."""
+    ranks, count = forward.shape
+    if pp == 1:
+        return forward.sum(axis=1) * (1 + backward_factor)
+    share = forward / (pp * vpp)
+    program = pipeline_program(pp, vpp, group, count)
+    ends = np.zeros((len(program), ranks))
+    free = np.zeros((pp, ranks))
+    for k, (stage, is_forward, m, _, need) in enumerate(program):
+        start = free[stage] if need < 0 else np.maximum(free[stage], ends[need])
+        ends[k] = free[stage] = start + (share[:, m] if is_forward else backward_factor * share[:, m])
+    return free.max(axis=0)
+
+
+def independent_seconds(plan: Sequence[RankPlan], sizes: Sequence[int], *, layout: PipelineLayout,
+                        model: StepTimeModel) -> float:
+    """A plan's step time in :func:`independent_makespans` (ranks lock-stepped: the slowest)."""
+    count = max(len(rank) for rank in plan)
+    assert all(len(rank) == count for rank in plan), "every rank runs the step's count"
+    forward = np.array([[forward_seconds([sizes[i] for i in mb], model) for mb in rank] for rank in plan])
+    return float(independent_makespans(forward, pp=layout.pp_size, vpp=layout.vpp_size, group=layout.group_size,
+                                       backward_factor=model.backward_factor).max())
+
 
 LLAMA3_8B = CostModel(
     hidden_size=4096, num_layers=32, num_attention_heads=32, num_query_groups=8,
@@ -105,6 +186,8 @@ class Row:
     """Per step: step-time / exhaustive."""
     default_ratios: tuple[float, ...] = ()
     """Per step: default (no step-time model: the micro-batches objective) / exhaustive."""
+    peer_ratios: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    """Per peer (:data:`PEERS`, and ``kk_reference``): step-time / peer of every step where the peer keeps the cap."""
 
     @property
     def ratio(self) -> float:
@@ -129,9 +212,8 @@ def timings(args: argparse.Namespace) -> list[Timing]:
 
 
 def step_seconds(plan: list[RankPlan], sizes: Sequence[int], *, config: ScheduleConfig, model: StepTimeModel) -> float:
-    """Simulated time of one step's plan (local sample ids) with the public model."""
-    times = [rank_forward_times([[sizes[i] for i in mb] for mb in rank], model=model) for rank in plan]
-    return simulate_step(times, layout=config.layout, model=model).seconds
+    """Simulated time of one step's plan (sample ids index ``sizes``) in the bench's own simulator."""
+    return independent_seconds(plan, sizes, layout=config.layout, model=model)
 
 
 def plan_of_step(schedule: DPSchedule, step: int) -> list[RankPlan]:
@@ -151,26 +233,38 @@ def reference_orders(rank: RankPlan, costs: Sequence[float]) -> list[RankPlan]:
 
 def fastest_orders(plan: list[RankPlan], sizes: Sequence[int], costs: Sequence[float], *, config: ScheduleConfig,
                    model: StepTimeModel) -> float:
-    """The step time with every rank in its fastest reference order (ranks run apart: the step is the slowest).
-    Each order is simulated for all ranks at once (``rank_makespans``, tested equal to ``simulate_step``)."""
+    """The step time with every rank in its fastest reference order (ranks run apart: the step is the slowest),
+    in the bench's own simulator (:func:`independent_makespans`), every order for all ranks at once."""
     if config.pp_size == 1:
         return step_seconds(plan, sizes, config=config, model=model)
+    layout = config.layout
     orders = [reference_orders(rank, costs) for rank in plan]
-    seconds = [rank_makespans([tuple(rank_forward_times([[sizes[i] for i in mb] for mb in ranks[k]], model=model))
-                               for ranks in orders], layout=config.layout, backward_factor=model.backward_factor)
+    seconds = [independent_makespans(np.array([[forward_seconds([sizes[i] for i in mb], model) for mb in ranks[k]]
+                                               for ranks in orders]), pp=layout.pp_size, vpp=layout.vpp_size,
+                                     group=layout.group_size, backward_factor=model.backward_factor)
                for k in range(len(orders[0]))]
-    return max(min(times) for times in zip(*seconds))
+    return float(np.min(seconds, axis=0).max())
+
+
+Step = tuple[list[RankPlan], list[int], list[float]]
+"""One step's plan in local sample ids, with its sizes and costs."""
+
+
+def local_step(plan: list[RankPlan], lengths: list[int], timing: Timing) -> Step:
+    """A step's plan renumbered to local sample ids (sorted global ids), with the step's sizes and costs."""
+    samples = sorted(i for rank in plan for mb in rank for i in mb)
+    local = {sample: index for index, sample in enumerate(samples)}
+    sizes = [lengths[i] for i in samples]
+    costs = list(sample_costs(sizes, timing.cost_model))
+    return [[[local[i] for i in mb] for mb in rank] for rank in plan], sizes, costs
 
 
 def exhaustive_step(plan: list[RankPlan], lengths: list[int], *, config: ScheduleConfig, timing: Timing,
-                    kk: bool = False) -> float:
+                    kk: bool = False) -> tuple[float, float | None]:
     """Fastest simulated time over every legal count (fresh plans and repacks of ``plan``, and with ``kk`` the
-    plans of :func:`kk_reference.kk_dealt_plans`) and every order."""
-    samples = sorted(i for rank in plan for mb in rank for i in mb)
-    sizes = [lengths[i] for i in samples]
-    local = {sample: index for index, sample in enumerate(samples)}
-    default = [[[local[i] for i in mb] for mb in rank] for rank in plan]
-    costs = list(sample_costs(sizes, timing.cost_model))
+    plans of :func:`kk_reference.kk_dealt_plans`) and every order; and the fastest KK-dealt plan alone (``None``
+    without ``kk``)."""
+    default, sizes, costs = local_step(plan, lengths, timing)
     best = fastest_orders(default, sizes, costs, config=config, model=timing.model)
     lower = lower_bound_microbatches(sizes, config=config)
     top = config.layout.align(max(math.ceil(len(sizes) / config.dp_size), len(default[0])))
@@ -181,10 +275,30 @@ def exhaustive_step(plan: list[RankPlan], lengths: list[int], *, config: Schedul
                           repack_ranks(default, sizes, config, count)):
             if candidate is not None:
                 best = min(best, fastest_orders(candidate, sizes, costs, config=config, model=timing.model))
+    if not kk or config.token_cap is None:
+        return best, None
     dealt = kk_dealt_plans(sizes, costs, dp_size=config.dp_size, cap=config.token_cap, layout=config.layout,
-                           lower_bound=lower) if kk and config.token_cap is not None else ()
-    return min([best, *(fastest_orders(candidate, sizes, costs, config=config, model=timing.model)
-                        for candidate in dealt)])
+                           lower_bound=lower)
+    kk_best = min((fastest_orders(candidate, sizes, costs, config=config, model=timing.model) for candidate in dealt),
+                  default=math.inf)
+    return min(best, kk_best), kk_best
+
+
+PEERS = ("slime_kk", "slime_strided", "verl", "nemo_rl", "megatron_lm_rl")
+"""The peers' rewrites (:mod:`megatron_dpsched.baselines`) each step is compared with, in their own order."""
+
+
+def peer_seconds(plan: list[RankPlan], lengths: list[int], *, config: ScheduleConfig,
+                 timing: Timing) -> dict[str, float]:
+    """Each peer's simulated step time on the samples of ``plan`` (one step), for the peers whose plan keeps the cap
+    (a micro-batch of several samples over it is left out)."""
+    _, sizes, costs = local_step(plan, lengths, timing)
+    out = {}
+    for name in PEERS:
+        theirs = PLANNERS[name](list(range(len(sizes))), sizes=sizes, costs=costs, config=config)
+        if not any(breaks_cap(mb, sizes, config.token_cap) for rank in theirs for mb in rank):
+            out[name] = step_seconds(theirs, sizes, config=config, model=timing.model)
+    return out
 
 
 def run_setting(lengths: list[int], *, dataset: str, layout: tuple[int, int], dp: int, cap: int,
@@ -198,14 +312,24 @@ def run_setting(lengths: list[int], *, dataset: str, layout: tuple[int, int], dp
         per_step[name] = [step_seconds(plan_of_step(schedule, s), lengths, config=schedule.config, model=timing.model)
                           for s in range(schedule.num_steps)]
     default = plans["default"]
-    per_step["exhaustive"] = [exhaustive_step(plan_of_step(default, s), lengths, config=default.config, timing=timing,
-                                              kk=args.kk_reference) for s in range(default.num_steps)]
+    searched = [exhaustive_step(plan_of_step(default, s), lengths, config=default.config, timing=timing,
+                                kk=args.kk_reference) for s in range(default.num_steps)]
+    per_step["exhaustive"] = [best for best, _ in searched]
     ratios = {name: tuple(ours / best for ours, best in zip(per_step[name], per_step["exhaustive"]))
               for name in plans}
+    peers: dict[str, list[float]] = {}
+    if args.peers:
+        for s, ours in enumerate(per_step["step-time"]):
+            for name, theirs in peer_seconds(plan_of_step(default, s), lengths, config=default.config,
+                                             timing=timing).items():
+                peers.setdefault(name, []).append(ours / theirs)
+    if args.kk_reference:
+        peers["kk_reference"] = [ours / kk for ours, (_, kk) in zip(per_step["step-time"], searched)]
     return Row(dataset=dataset, pp=layout[0], vpp=layout[1], dp=dp, cap=cap, timing=timing.label,
                seconds={name: sum(values) for name, values in per_step.items()},
                microbatches={name: sum(schedule.num_microbatches) for name, schedule in plans.items()},
-               step_ratios=ratios["step-time"], default_ratios=ratios["default"])
+               step_ratios=ratios["step-time"], default_ratios=ratios["default"],
+               peer_ratios={name: tuple(values) for name, values in peers.items()})
 
 
 PlanningTime = tuple[int, str, str, float, float, float]
@@ -260,15 +384,34 @@ def measure_planning(lengths: list[int], kwargs: dict, *, repeats: int) -> tuple
 
 
 def markdown(rows: list[Row]) -> str:
+    names = list(dict.fromkeys(name for r in rows for name in r.peer_ratios))
     lines = ["| lengths | PP | VPP | dp | cap | o | micro-batches default / step-time | step s default | "
-             "step s step-time | step s exhaustive | step-time / exhaustive | worst step | default / step-time |",
-             "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "step s step-time | step s exhaustive | step-time / exhaustive | worst step | default / step-time |"
+             + "".join(f" worst / {name} |" for name in names),
+             "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(names)]
     for r in rows:
         s, m = r.seconds, r.microbatches
+        peers = "".join(f" {max(r.peer_ratios[n]):.3f} |" if r.peer_ratios.get(n) else " - |" for n in names)
         lines.append(f"| {r.dataset} | {r.pp} | {r.vpp} | {r.dp} | {r.cap} | {r.timing} | {m['default']} / "
                      f"{m['step-time']} | {s['default']:.3f} | {s['step-time']:.3f} | {s['exhaustive']:.3f} | "
-                     f"{r.ratio:.3f} | {r.worst_step:.3f} | {s['default'] / s['step-time']:.2f} |")
+                     f"{r.ratio:.3f} | {r.worst_step:.3f} | {s['default'] / s['step-time']:.2f} |{peers}")
     return "\n".join(lines)
+
+
+PEER_TOLERANCE = 0.005
+"""A step is behind a peer when its simulated time is more than this share above the peer's."""
+
+
+def peer_line(rows: list[Row]) -> str:
+    """Per peer: the worst step-time / peer over ``rows``, and the steps behind it by more than
+    :data:`PEER_TOLERANCE`."""
+    names = dict.fromkeys(name for r in rows for name in r.peer_ratios)
+    parts = []
+    for name in names:
+        ratios = [x for r in rows for x in r.peer_ratios.get(name, ())]
+        behind = sum(1 for x in ratios if x > 1 + PEER_TOLERANCE)
+        parts.append(f"{name} worst {max(ratios):.3f}, {behind} of {len(ratios)} steps behind by > 0.5%")
+    return "; step-time / peer (capped plans): " + "; ".join(parts) if parts else ""
 
 
 def targets(args: argparse.Namespace) -> dict[int, float]:
@@ -286,7 +429,7 @@ def layout_line(rows: list[Row], *, pp: int, vpp: int, target: float) -> str:
     return (f"PP={pp} VPP={vpp}: step-time / exhaustive per step worst {max(steps):.3f}, median "
             f"{statistics.median(steps):.3f}{tail_text} (target {target}); default (micro-batches objective) / "
             f"exhaustive worst {max(plain):.3f}, median {statistics.median(plain):.3f}{plain_text}; default / "
-            f"step-time {min(speedup):.2f}-{max(speedup):.2f}x over {len(rows)} settings.")
+            f"step-time {min(speedup):.2f}-{max(speedup):.2f}x over {len(rows)} settings{peer_line(rows)}.")
 
 
 def summary(rows: list[Row], times: list[PlanningTime], args: argparse.Namespace) -> str:
@@ -317,6 +460,9 @@ def misses(rows: list[Row], times: list[PlanningTime], args: argparse.Namespace)
     goal = targets(args)
     out = [f"{r.dataset} PP={r.pp} VPP={r.vpp} dp={r.dp} cap={r.cap} {r.timing}: step-time / exhaustive worst step "
            f"{r.worst_step:.4f} > {goal[r.pp]}" for r in rows if r.worst_step > goal[r.pp]]
+    out += [f"{r.dataset} PP={r.pp} VPP={r.vpp} dp={r.dp} cap={r.cap} {r.timing}: step-time / {name} worst step "
+            f"{max(ratios):.4f} > {1 + PEER_TOLERANCE}" for r in rows for name, ratios in r.peer_ratios.items()
+            if ratios and max(ratios) > 1 + PEER_TOLERANCE]
     for samples, name, label, cpu, _, mib in times:
         goal = SPEED_TARGETS.get((samples, label), 0.5 if samples == 65536 else math.inf)
         if cpu > goal:
@@ -345,7 +491,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="workload: per-micro-batch forward time o = S * c(2048), one run per S")
     parser.add_argument("--synthetic", action=argparse.BooleanOptionalAction, default=True,
                         help="also plan the synthetic sets: a heavy tail past the cap (up to 32k tokens), log-normal, "
-                             "bimodal, rare giants, RL rollouts with giants near the 4096 limit")
+                             "bimodal, rare giants, RL rollouts with giants near the 4096 limit, rare giants past the "
+                             "cap")
     parser.add_argument("--datasets", nargs="+", help="only these length sets (file stems or synthetic_* names)")
     parser.add_argument("--no-planning-time", dest="planning_time", action="store_false",
                         help="skip the 65,536-sample planning time")
@@ -356,6 +503,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--kk-reference", action="store_true",
                         help="the exhaustive search also tries plans dealt and packed by largest differencing under "
                              "the cap at every legal count (scripts/kk_reference.py)")
+    parser.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True,
+                        help="compare every step with the peers' rewrites that keep the cap (" + ", ".join(PEERS) + ")")
     parser.add_argument("--markdown", type=Path, help="also write the full table here")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed (default: exit 0)")
     return parser.parse_args(argv)
@@ -364,7 +513,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def synthetic_pools(seed: int = 1234) -> dict[str, list[int]]:
     """Synthetic length sets: the heavy tail past the cap (``bench_schedule.heavy_tail``, up to 32k), a log-normal
     (median 1000), a bimodal (short answers and 3k reasoning traces), rare giants (2% of 3k-4k in short
-    samples) and RL rollouts with giants near the 4096 response limit (12% of samples in the top 8% below it)."""
+    samples), RL rollouts with giants near the 4096 response limit (12% of samples in the top 8% below it) and rare
+    giants past the cap (1% of 6k-24k in short samples)."""
     rng = random.Random(seed)
     clip = lambda x: max(16, min(4096, int(x)))  # noqa: E731
     return {
@@ -376,6 +526,8 @@ def synthetic_pools(seed: int = 1234) -> dict[str, list[int]]:
                                        rng.lognormvariate(math.log(300), 0.6)) for _ in range(20000)],
         "synthetic_rl_giants": [clip(rng.uniform(3770, 4096) if rng.random() < 0.12 else
                                      rng.lognormvariate(math.log(800), 0.7)) for _ in range(20000)],
+        "synthetic_giants_past_cap": [int(rng.uniform(6000, 24000)) if rng.random() < 0.01 else
+                                      clip(rng.lognormvariate(math.log(300), 0.6)) for _ in range(20000)],
     }
 
 

@@ -19,8 +19,11 @@ micro-batches.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -107,3 +110,101 @@ def _merge_capped(first: list[_Part], second: list[_Part], *, cap: int) -> list[
             return None
         merged.append(part + unused.pop(match))
     return merged
+
+
+def kk_deal(
+    items: Sequence[int], *, costs: Sequence[float], num_parts: int, equal_counts: bool = True
+) -> list[list[int]]:
+    """``items`` dealt to ``num_parts`` ranks of near-equal summed ``costs`` by largest differencing: the samples,
+    dearest first, in runs of ``num_parts`` (``equal_counts``: one per part, so the ranks' sample counts differ by
+    at most one) or one by one, start the partial partitions; the two with the largest spread merge, dearest part
+    of one with the cheapest of the other. Each merge is one NumPy pass over the parts; which samples a part holds
+    is resolved once at the end from the merges: ``O(len(items) log)`` work with equal counts, ``O(len(items) *
+    num_parts)`` without."""
+    assert num_parts >= 1
+    ids = np.asarray(items, dtype=np.int64)
+    if not len(ids):
+        return [[] for _ in range(num_parts)]
+    every = np.asarray(costs, dtype=np.float64)
+    ordered = ids[np.lexsort((ids, -every[ids]))]
+    width = num_parts if equal_counts else 1
+    runs = math.ceil(len(ordered) / width)
+    grid = np.full((runs, num_parts), -1, dtype=np.int64)  # row r: run r, its j-th sample in part j (-1: empty)
+    grid[:, :width].reshape(-1)[:len(ordered)] = ordered
+    seed = np.where(grid >= 0, every[np.maximum(grid, 0)], 0.0)
+    sums = list(seed)
+    merges: list[tuple[int, int, np.ndarray]] = []  # node runs + k: merged part i = raw part order[i] of merge k
+    heap = [(-(row[0] - row[-1]), r) for r, row in enumerate(sums)]
+    heapq.heapify(heap)
+    while len(heap) > 1:
+        first, second = heapq.heappop(heap)[1], heapq.heappop(heap)[1]
+        raw = sums[first] + sums[second][::-1]
+        order = np.argsort(-raw, kind="stable")
+        sums.append(raw[order])
+        merges.append((first, second, order))
+        heapq.heappush(heap, (-(sums[-1][0] - sums[-1][-1]), len(sums) - 1))
+    labels = _resolve(runs, merges, root=heap[0][1], num_parts=num_parts)
+    keep = grid >= 0
+    owners, members = labels[keep], grid[keep]
+    by_part = np.lexsort((members, owners))
+    bounds = np.searchsorted(owners[by_part], np.arange(num_parts + 1))
+    flat = members[by_part].tolist()
+    return [flat[bounds[p]:bounds[p + 1]] for p in range(num_parts)]
+
+
+def _resolve(runs: int, merges: list[tuple[int, int, np.ndarray]], *, root: int, num_parts: int) -> np.ndarray:
+    """Per run of :func:`kk_deal` (rows), the final part of each of its samples (columns), from the
+    merges: node ``runs + k`` is merge ``k``; a node's ``labels[i]`` is the final part its part ``i`` ends in."""
+    out = np.empty((runs, num_parts), dtype=np.int64)
+    stack = [(root, np.arange(num_parts))]
+    while stack:
+        node, labels = stack.pop()
+        if node < runs:
+            out[node] = labels
+            continue
+        first, second, order = merges[node - runs]
+        first_labels, second_labels = np.empty_like(labels), np.empty_like(labels)
+        first_labels[order] = labels
+        second_labels[num_parts - 1 - order] = labels
+        stack += [(first, first_labels), (second, second_labels)]
+    return out
+
+
+def spread_pack(
+    ranks: Sequence[Sequence[int]], *, sizes: Sequence[int], costs: Sequence[float], cap: int, num_bins: int
+) -> list[list[list[int]] | None]:
+    """Each rank's samples in ``num_bins`` micro-batches of near-equal summed ``costs`` under the cap: dearest
+    first, each into its rank's cheapest micro-batch with room (a sample past the cap only into an empty one),
+    all ranks at once in NumPy, one pass per sample position. A rank where a sample finds no room is ``None``.
+    Micro-batches hold their samples dearest first; with at least ``num_bins`` samples none is empty."""
+    width = max(map(len, ranks), default=0)
+    every_cost, every_size = np.asarray(costs, dtype=np.float64), np.asarray(sizes, dtype=np.int64)
+    grid = np.full((len(ranks), width), -1, dtype=np.int64)
+    for r, rank in enumerate(ranks):
+        grid[r, :len(rank)] = sorted(rank, key=lambda i: (-costs[i], i))
+    loads = np.zeros((len(ranks), num_bins))
+    tokens = np.zeros((len(ranks), num_bins), dtype=np.int64)
+    where = np.full((len(ranks), width), -1, dtype=np.int64)
+    rows = np.arange(len(ranks))
+    for k in range(width):
+        items = grid[:, k]
+        live = items >= 0
+        size = every_size[np.maximum(items, 0)]
+        room = np.where((size > cap)[:, None], tokens == 0, tokens + size[:, None] <= cap)
+        choice = np.argmin(np.where(room, loads, np.inf), axis=1)
+        placed = live & room[rows, choice]
+        where[placed, k] = choice[placed]
+        loads[rows[placed], choice[placed]] += every_cost[items[placed]]
+        tokens[rows[placed], choice[placed]] += size[placed]
+    failed = ((grid >= 0) & (where < 0)).any(axis=1)
+    out: list[list[list[int]] | None] = []
+    for r in range(len(ranks)):
+        if failed[r]:
+            out.append(None)
+            continue
+        bins: list[list[int]] = [[] for _ in range(num_bins)]
+        for item, b in zip(grid[r].tolist(), where[r].tolist()):
+            if item >= 0:
+                bins[b].append(item)
+        out.append(bins)
+    return out

@@ -44,6 +44,17 @@ evens tokens; a long sample's attention makes its micro-batch dearer) and runs t
 fastest order, where the simulator finds it faster by more than :data:`ORDER_MARGIN`; the step keeps
 the result only when its step time is lower by that margin, else the candidate as it was (ties to it).
 With ``pp_size == 1`` a rank's time is its micro-batches' sum, which no packing of its samples changes.
+
+Then, where the result runs more than :data:`KK_SLACK` above :func:`ideal_seconds` (a floor: every rank the mean
+work, the cheapest fill and drain; the time the lock-step or pipeline bound says is left on the table; with
+``pp_size == 1``, where the floor is tight, more than :data:`KK_MARGIN`), :func:`kk_deals` deals the step's samples
+to the ranks anew by Karmarkar-Karp (:func:`~megatron_dpsched.core.kk.kk_deal` on the samples' forward times, with
+equal counts and plainly) and packs each rank at the chosen count and the :data:`KK_COUNTS` legal
+counts above it (with ``pp_size > 1`` also below it; cost-spread by :func:`~megatron_dpsched.core.kk.spread_pack`);
+the fastest of these replaces the plan where it simulates faster by more than :data:`KK_MARGIN` (steps of at most
+:data:`KK_MAX_SAMPLES` samples, no ``padded_rows``). Step 5 balances rank costs within its tolerance by moves; the
+deal balances them further, and with a pipeline the micro-batches within each rank, as slime's and verl's
+Karmarkar-Karp deals do.
 """
 
 from __future__ import annotations
@@ -56,9 +67,10 @@ from itertools import chain
 
 import numpy as np
 
+from megatron_dpsched.core.alignment import PipelineLayout
 from megatron_dpsched.core.balancing import peak_cost, rank_maxima
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
-from megatron_dpsched.core.kk import differencing_pack
+from megatron_dpsched.core.kk import differencing_pack, kk_deal, spread_pack
 from megatron_dpsched.core.ordering import PIPELINE_ORDERS, arrangements, order_micro_batches
 from megatron_dpsched.core.packing import pack_ranks
 from megatron_dpsched.core.steptime import VECTOR_RANKS, rank_makespans
@@ -101,6 +113,20 @@ one's time, so the step gains only when every rank above the new step time is re
 samples per rank: all of them); a bound on the planning time where ranks hold many samples."""
 COST_EQUAL_RANKS = 16
 """The fewest ranks :func:`cost_equal` may repack, however many samples they hold."""
+KK_SLACK = 0.001
+""":func:`kk_deals` runs only where the chosen plan is more than this share above :func:`ideal_seconds` (with
+``pp_size == 1``, where that is a floor, more than :data:`KK_MARGIN`)."""
+KK_MARGIN = 0.0025
+"""A KK-dealt plan (:func:`kk_deals`) replaces the chosen one only when faster by more than this share (half the
+0.5% a step may trail a peer: the default plan stays where the deal gains little)."""
+KK_COUNTS = 1
+"""Legal counts on each side of the chosen one that :func:`kk_deals` also tries."""
+KK_MAX_SAMPLES = 16384
+""":func:`kk_deals` deals steps of at most this many samples (32 per rank on 512 ranks): a larger step holds enough
+samples per rank for steps 3-5 to balance it, and dealing and packing it anew costs more than it pays."""
+KK_PLAIN_LIMIT = 2**20
+"""Samples times ranks up to which :func:`kk_deals` also deals plainly (one partial partition of ``dp_size`` parts
+per sample)."""
 MAX_TAIL_COUNTS = 12
 """At most this many fresh plans above the default's count are timed per step (:func:`_tail_counts`)."""
 
@@ -286,7 +312,82 @@ def plan_for_step_time(
         seed = min((c for c in candidates if c.num_microbatches >= base.num_microbatches), key=lambda c: c.seconds)
         own = count_bound(seed.plan, config=config, lower_bound=lower_bound)
         candidates += _more_counts(seed, timer, limit=max(seed.num_microbatches, min(limit, own)))
-    return cost_equal(choose(candidates, ceiling=base.seconds), timer).plan
+    chosen = cost_equal(choose(candidates, ceiling=base.seconds), timer)
+    top = None if growth_limit is None else max(chosen.num_microbatches, growth_limit)
+    dealt = min(kk_deals(chosen, timer, lower_bound=lower_bound, limit=top), key=lambda c: c.seconds, default=chosen)
+    return (dealt if dealt.seconds < chosen.seconds * (1 - KK_MARGIN) else chosen).plan
+
+
+def ideal_seconds(timer: StepTimer, count: int) -> float:
+    """A floor of the step time at ``count`` micro-batches: the busiest rank holds at least the mean work (and the
+    dearest sample), each micro-batch pays ``seconds_per_microbatch``, and with ``pp_size > 1`` the first stage
+    also waits for the fill and drain of the cheapest micro-batch possible (a one-token dummy) over the other
+    stages (``(pp_size - 1) / vpp_size`` of it). What the lock-step or pipeline bound leaves on the table is a
+    plan's time above it (:func:`kk_deals`)."""
+    config, model = timer.config, timer.config.step_time_model
+    assert model is not None
+    times = timer.sample_times()
+    work = max(math.fsum(times) / config.dp_size, max(times)) + count * model.seconds_per_microbatch
+    cheapest = model.seconds_per_token + model.seconds_per_token_pair + model.seconds_per_microbatch
+    fill = (config.pp_size - 1) / config.vpp_size * cheapest
+    return (1 + model.backward_factor) * (work + fill) / config.pp_size
+
+
+def kk_deals(chosen: Candidate, timer: StepTimer, *, lower_bound: int, limit: int | None = None) -> list[Candidate]:
+    """Where ``chosen`` runs more than :data:`KK_SLACK` above :func:`ideal_seconds` at the best of its count and the
+    counts tried: the step's samples dealt to the ranks by largest differencing on their forward times
+    (:func:`~megatron_dpsched.core.kk.kk_deal`), with equal counts and, within
+    :data:`KK_PLAIN_LIMIT`, plainly (a tail past the cap wants fewer samples beside a giant), each rank packed
+    (:func:`_pack_dealt`) at the chosen count and the :data:`KK_COUNTS` legal counts above it and, with
+    ``pp_size > 1``, below it, within each deal's bound (:func:`count_bound`) and ``limit`` (``balance_growth``'s).
+    Steps of at most :data:`KK_MAX_SAMPLES` samples and more than one per rank, without ``padded_rows`` (rows of
+    the longest sample are step 4's)."""
+    config = timer.config
+    if config.padded_rows or not config.dp_size < len(timer.sizes) <= KK_MAX_SAMPLES:
+        return []  # one sample per rank: every deal runs the same step
+    counts = _neighbours(chosen.num_microbatches, config.layout, lower_bound=lower_bound if config.pp_size > 1
+                         else chosen.num_microbatches)  # one stage: fewer counts are step 7's own search
+    slack = KK_MARGIN if config.pp_size == 1 else KK_SLACK
+    if chosen.seconds <= min(ideal_seconds(timer, count) for count in counts) * (1 + slack):
+        return []
+    times, found = timer.sample_times(), []
+    deals = [True, False] if len(times) * config.dp_size <= KK_PLAIN_LIMIT else [True]
+    for equal_counts in deals:
+        ranks = kk_deal(range(len(times)), costs=times, num_parts=config.dp_size, equal_counts=equal_counts)
+        bound = count_bound([[rank] for rank in ranks], config=config, lower_bound=lower_bound)
+        bound = bound if limit is None else min(bound, limit)
+        for count in (c for c in counts if c <= bound):
+            plan = _pack_dealt(ranks, timer, count=count)
+            if plan is not None:
+                found.append(timer.candidate(plan))
+    return found
+
+
+def _neighbours(count: int, layout: PipelineLayout, *, lower_bound: int) -> list[int]:
+    """``count`` and the :data:`KK_COUNTS` legal counts on each side of it (none below ``lower_bound``), nearest
+    first."""
+    below, above, out = count, count, [count]
+    for _ in range(KK_COUNTS):
+        below = max((c for c in range(lower_bound, below) if layout.is_legal(c)), default=None) if below else None
+        above = layout.next_legal(above)
+        out += [c for c in (below, above) if c is not None]
+    return out
+
+
+def _pack_dealt(ranks: list[list[int]], timer: StepTimer, *, count: int) -> list[RankPlan] | None:
+    """Each dealt rank in ``count`` micro-batches under the cap: with ``pp_size > 1`` by
+    :func:`~megatron_dpsched.core.kk.spread_pack` on the samples' forward times (a pipeline's time depends on each
+    micro-batch's), else (or where that finds no room) by step 4; ``None`` when a rank does not fit."""
+    config = timer.config
+    cap = config.token_cap
+    assert cap is not None
+    packed: list[RankPlan | None] = [None] * len(ranks)
+    if config.pp_size > 1:
+        packed = spread_pack(ranks, sizes=timer.sizes, costs=timer.sample_times(), cap=cap, num_bins=count)
+    rest = [r for r, bins in enumerate(packed) if bins is None]
+    for r, bins in zip(rest, pack_ranks([ranks[r] for r in rest], timer.sizes, cap, count, padded_rows=False)):
+        packed[r] = bins
+    return None if any(bins is None for bins in packed) else packed  # type: ignore[return-value]
 
 
 def tail_heavy(plan: list[RankPlan], costs: Sequence[float]) -> bool:

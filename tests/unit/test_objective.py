@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from megatron_dpsched import CostModel, DPSchedule, build_dp_schedule
 from megatron_dpsched.core import PipelineLayout, StepTimeModel, rank_forward_times, simulate_rank, simulate_step
 from megatron_dpsched.core.invariants import ScheduleInvariantError
-from megatron_dpsched.core.objective import STEP_TIME_TOLERANCE, TAIL_IMBALANCE
+from megatron_dpsched.core.objective import KK_MARGIN, STEP_TIME_TOLERANCE, TAIL_IMBALANCE
 from megatron_dpsched.core.packing import pack_into
 from megatron_dpsched.core.planning import plan_at_count
 from megatron_dpsched.core.steptime import slowest_makespan
@@ -118,9 +118,11 @@ def test_pp1_without_overhead_is_todays_plan(seed, balance):
     default = build_dp_schedule(lengths, **kwargs)
     ours = build_dp_schedule(lengths, **kwargs, step_time_model=model)
     for step, stats in enumerate(default.stats()):
-        if stats.relative_imbalance <= 1 + TAIL_IMBALANCE:  # balanced as well as the cap allows: today's plan
-            assert all(ours.rank_step_micro_batches(r, step) == default.rank_step_micro_batches(r, step)
-                       for r in range(default.dp_size))
+        same = all(ours.rank_step_micro_batches(r, step) == default.rank_step_micro_batches(r, step)
+                   for r in range(default.dp_size))
+        if stats.relative_imbalance <= 1 + TAIL_IMBALANCE:  # balanced as well as the cap allows: today's plan,
+            assert same or (step_seconds(ours, step, model)  # or a KK deal faster by more than KK_MARGIN
+                            < step_seconds(default, step, model) * (1 - KK_MARGIN))
         else:  # a tail past the cap kept step 5 from balancing: more micro-batches may run faster
             assert step_seconds(ours, step, model) <= step_seconds(default, step, model)
 
@@ -227,7 +229,7 @@ def test_step_time_plans_are_never_slower_and_keep_every_invariant(case):
 
 @settings(max_examples=300)
 @given(st.lists(st.integers(1, 3000), min_size=1, max_size=60), st.integers(64, 4096), st.integers(1, 5))
-def test_pp1_without_overhead_never_changes_a_balanced_plan_at_the_lower_bound(lengths, cap, dp):
+def test_pp1_without_overhead_keeps_a_balanced_plan_at_the_lower_bound_or_deals_it_faster(lengths, cap, dp):
     kwargs = dict(dp_size=min(dp, len(lengths)), global_batch_size=len(lengths), max_tokens_per_gpu=cap,
                   balance="tokens")
     default = build_dp_schedule(lengths, **kwargs)
@@ -235,7 +237,8 @@ def test_pp1_without_overhead_never_changes_a_balanced_plan_at_the_lower_bound(l
     ours = build_dp_schedule(lengths, **kwargs, step_time_model=TOKENS)
     balanced = stats.relative_imbalance <= 1 + TAIL_IMBALANCE  # else a tail past the cap may take more
     if stats.num_microbatches == stats.lower_bound and stats.empty_microbatches == 0 and balanced:
-        assert same_plan(ours, default)
+        assert same_plan(ours, default) or (step_seconds(ours, 0, TOKENS)  # or a KK deal faster by KK_MARGIN
+                                            < step_seconds(default, 0, TOKENS) * (1 - KK_MARGIN))
 
 
 @settings(max_examples=200)

@@ -177,13 +177,14 @@ def test_step_time_plans_are_never_slower_than_without_cost_equal_packing(length
 
     kwargs = dict(dp_size=2, global_batch_size=len(lengths), max_tokens_per_gpu=cap, pp_size=layout[0],
                   vpp_size=layout[1], cost_model=workload, step_time_model=workload_model(scale))
-    with_kk = build_dp_schedule(lengths, **kwargs)
-    original = objective.cost_equal
-    objective.cost_equal = lambda chosen, timer: chosen
+    original, deals = objective.cost_equal, objective.kk_deals
+    objective.kk_deals = lambda *args, **kw: []  # the KK deals after it: test_tails_kk_deal.py
     try:
+        with_kk = build_dp_schedule(lengths, **kwargs)
+        objective.cost_equal = lambda chosen, timer: chosen
         without = build_dp_schedule(lengths, **kwargs)
     finally:
-        objective.cost_equal = original
+        objective.cost_equal, objective.kk_deals = original, deals
     assert_invariants(with_kk, lengths)
     assert with_kk.num_microbatches == without.num_microbatches
     for step in range(with_kk.num_steps):
