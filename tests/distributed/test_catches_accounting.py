@@ -109,7 +109,7 @@ def test_a_resumed_jobs_first_plan_is_compared_with_the_checkpoints(tmp_path: Pa
     job_checks.write_state(1, train_data_iterator=saved.chunks[0])
     args.load, args.iteration = args.save, 1
 
-    job_checks.check_resume(args, identity)
+    job_checks.check_resume(args, identity, iteration=1)
     same = _loader(consumed_samples=8)
     job_checks.check_resumed_step(same, same.begin_step())  # the plan the checkpoint expects
 
@@ -117,7 +117,8 @@ def test_a_resumed_jobs_first_plan_is_compared_with_the_checkpoints(tmp_path: Pa
         sample = harness.make_sample(sample_id)
         return {key: (value + 1) % harness.VOCAB for key, value in sample.items()}
 
-    job_checks.check_resume(args, identity)
+    monkeypatch.setattr(job_checks, "_state", {})  # a second job resuming the same checkpoint
+    job_checks.check_resume(args, identity, iteration=1)
     other = ScheduledDatasetLoader(other_tokens, lengths=harness.LENGTHS[:SAMPLES], rank=0, config=CONFIG,
                                    collate=PACKED, vocab_size=harness.VOCAB, consumed_samples=8)
     step = other.begin_step()
