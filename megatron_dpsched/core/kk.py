@@ -21,24 +21,19 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
+_Part = tuple[float, int, tuple[int, ...]]
+"""One part of a partial partition: its summed cost, its tokens and its samples (a plain tuple: the merges
+build millions of them on 1M-sample steps)."""
 
-@dataclass(frozen=True)
-class _Part:
-    """One part of a partial partition: its summed cost, its tokens and its samples."""
-
-    cost: float
-    tokens: int
-    items: tuple[int, ...]
-
-    def __add__(self, other: _Part) -> _Part:
-        return _Part(self.cost + other.cost, self.tokens + other.tokens, self.items + other.items)
+_EMPTY: _Part = (0.0, 0, ())
 
 
-_EMPTY = _Part(0.0, 0, ())
+def _join(a: _Part, b: _Part) -> _Part:
+    """The part holding both parts' samples."""
+    return (a[0] + b[0], a[1] + b[1], a[2] + b[2])
 
 
 def differencing_pack(
@@ -59,7 +54,7 @@ def differencing_pack(
         parts = _difference(rest, sizes=sizes, costs=costs, cap=cap, ways=ways)
         if parts is None:
             return None
-        bins += [sorted(part.items) for part in parts]
+        bins += [sorted(part[2]) for part in parts]
     if len(items) >= num_bins and any(not b for b in bins):
         return None
     return bins
@@ -71,7 +66,7 @@ def _difference(
     """The ``ways`` parts of the last partition (dearest first), or ``None`` when a merge cannot keep the cap."""
     heap: list[tuple[float, int, list[_Part]]] = []
     for item in items:
-        parts = [_Part(costs[item], sizes[item], (item,))] + [_EMPTY] * (ways - 1)
+        parts = [(costs[item], sizes[item], (item,))] + [_EMPTY] * (ways - 1)
         heap.append((-costs[item], item, parts))
     if not heap:
         return [_EMPTY] * ways
@@ -83,7 +78,7 @@ def _difference(
         merged = _merge(first, second, cap=cap)
         if merged is None:
             return None
-        heapq.heappush(heap, (merged[-1].cost - merged[0].cost, tie, merged))
+        heapq.heappush(heap, (merged[-1][0] - merged[0][0], tie, merged))
         tie += 1
     return heap[0][2]
 
@@ -91,24 +86,28 @@ def _difference(
 def _merge(first: list[_Part], second: list[_Part], *, cap: int) -> list[_Part] | None:
     """Two partitions (each dearest first) merged part by part, dearest with cheapest; under the cap, else
     :func:`_merge_capped`. The result is dearest first."""
-    merged = [a + b for a, b in zip(first, reversed(second))]
-    if any(part.tokens > cap for part in merged):
+    merged = [(a[0] + b[0], a[1] + b[1], a[2] + b[2]) for a, b in zip(first, reversed(second))]
+    if any(part[1] > cap for part in merged):
         merged = _merge_capped(first, second, cap=cap)
         if merged is None:
             return None
-    return sorted(merged, key=lambda part: (-part.cost, part.items))
+    return sorted(merged, key=_dearest_first)
+
+
+def _dearest_first(part: _Part) -> tuple[float, tuple[int, ...]]:
+    return -part[0], part[2]
 
 
 def _merge_capped(first: list[_Part], second: list[_Part], *, cap: int) -> list[_Part] | None:
     """The parts of ``first`` with the most tokens first, each joined with the cheapest unused part of
     ``second`` it fits with; ``None`` if one fits with none."""
-    unused = sorted(second, key=lambda part: (part.cost, part.tokens, part.items))
+    unused = sorted(second)  # by cost, tokens, samples
     merged = []
-    for part in sorted(first, key=lambda part: (-part.tokens, -part.cost, part.items)):
-        match = next((j for j, other in enumerate(unused) if part.tokens + other.tokens <= cap), None)
+    for part in sorted(first, key=lambda part: (-part[1], -part[0], part[2])):
+        match = next((j for j, other in enumerate(unused) if part[1] + other[1] <= cap), None)
         if match is None:
             return None
-        merged.append(part + unused.pop(match))
+        merged.append(_join(part, unused.pop(match)))
     return merged
 
 

@@ -160,55 +160,38 @@ class _OpenBins:
 
 
 def first_fit(items: Sequence[int], sizes: Sequence[int], cap: int) -> list[list[int]]:
-    """First fit in arrival order (O(n log n)); a sample over the cap gets its own micro-batch."""
+    """First fit in arrival order (O(n log n)); a sample over the cap gets its own micro-batch.
+
+    The micro-batches' rooms sit in a max segment tree (a flat list, leaves from ``width``; ``-1`` for a
+    micro-batch not yet opened or an oversize sample's, which stays full): the first with room for a sample is
+    found from the root down, and a changed room is carried up while it changes a parent. Inlined: one loop."""
     bins: list[list[int]] = []
-    tree = _ResidualTree(len(items))
+    width = 1 << max(0, len(items) - 1).bit_length()
+    tree = [-1] * (2 * width)
     for item in items:
         size = sizes[item]
-        b = tree.leftmost_at_least(size) if size <= cap else None
-        if b is None:  # a new micro-batch (an oversize sample's stays full: its residual is never set)
+        if tree[1] < size:  # fits nowhere (or over the cap): a new micro-batch
             bins.append([item])
-            if size <= cap:
-                tree.set(len(bins) - 1, cap - size)
-            continue
-        bins[b].append(item)
-        tree.set(b, tree.get(b) - size)
-    return bins
-
-
-class _ResidualTree:
-    """Max segment tree over bin residuals: finds the first bin with room in O(log n)."""
-
-    def __init__(self, capacity: int) -> None:
-        self._size = 1
-        while self._size < max(1, capacity):
-            self._size *= 2
-        self._tree = [-1] * (2 * self._size)
-
-    def get(self, index: int) -> int:
-        return self._tree[self._size + index]
-
-    def set(self, index: int, value: int) -> None:
-        tree = self._tree
-        node = self._size + index
-        tree[node] = value
-        node >>= 1
-        while node:
-            left, right = tree[2 * node], tree[2 * node + 1]
-            best = left if left >= right else right
-            if tree[node] == best:
-                return  # nothing above changes either
-            tree[node] = best
+            if size > cap:
+                continue
+            node, room = width + len(bins) - 1, cap - size
+        else:
+            node = 2
+            while node < width:  # down to the left child if it has room, else the right one
+                node = (node + (tree[node] < size)) << 1
+            node += tree[node] < size
+            bins[node - width].append(item)
+            room = tree[node] - size
+        tree[node] = room
+        while node > 1:  # a parent's room: the larger of its children's
+            sibling = tree[node ^ 1]
+            if sibling > room:
+                room = sibling
             node >>= 1
-
-    def leftmost_at_least(self, value: int) -> int | None:
-        tree, size = self._tree, self._size
-        if tree[1] < value:
-            return None
-        node = 1
-        while node < size:
-            node = 2 * node if tree[2 * node] >= value else 2 * node + 1
-        return node - size
+            if tree[node] == room:
+                break  # nothing above changes either
+            tree[node] = room
+    return bins
 
 
 def worst_fit_decreasing(
