@@ -440,7 +440,7 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
     if options.quiet:  # the spawned trainers inherit DPSCHED_QUIET and run quiet from add_dp_schedule_args on
         from megatron_dpsched.megatron import quiet
 
-        quiet.install(keep=("rollout ", "trained rollouts"))
+        quiet.install(keep=("rollout ", "trained rollouts", "saved: ", "resume: "))
     return options
 
 

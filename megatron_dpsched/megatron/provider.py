@@ -123,6 +123,7 @@ def scheduled_datasets_provider(provider: DatasetsProvider) -> DatasetsProvider:
         for role, dataset in zip(ROLES, early["datasets"]):
             if dataset is not None:
                 dataset_lengths(dataset, role=role)
+                bound_ids(dataset, args=args)
 
     def wrapped(num_samples: Any, vp_stage: int | None = None) -> tuple[Any, Any, Any]:
         from megatron.training.global_vars import get_args
@@ -143,6 +144,15 @@ def scheduled_datasets_provider(provider: DatasetsProvider) -> DatasetsProvider:
     wrapped.feeds = feeds  # role -> feed, built on first use
     job_checks.BEFORE_MODEL.append(check_before_model)
     return wrapped
+
+
+def bound_ids(dataset: Any, *, args: Any) -> None:
+    """A corpus opened without the vocabulary (``open_corpus(path)``: it recorded each row's largest id when it was
+    indexed) is checked whole against Megatron's padded vocabulary before any step, naming the first row past it
+    (``file:line`` or the sequence); one opened with ``vocab_size=`` keeps its own bound."""
+    check = getattr(dataset, "check_vocabulary", None)
+    if check is not None and getattr(dataset, "vocab_size", None) is None:
+        check(padded_vocab_size(args))
 
 
 def _counts(num_samples: Any) -> Any:
@@ -215,6 +225,7 @@ def build_feed(
     from megatron.core import parallel_state as mpu
 
     lengths = dataset_lengths(dataset, role=role)
+    bound_ids(dataset, args=args)
     order = sample_order_from_args(args, num_samples=len(lengths), groups=getattr(dataset, "groups", None))
     if not order.cyclic:
         check_dataset_size(role, len(lengths), num_samples, args=args)

@@ -72,4 +72,5 @@ def test_the_rl_example_runs_quiet(tmp_path: Path) -> None:
     assert ARGUMENT_DUMP not in proc.stdout and not any(" ....... " in line for line in lines), proc.stdout
     ours = [line for line in lines if "WARNING" not in line]  # Megatron's warnings stay
     assert [line.split(" ")[:2] for line in ours] == [["dp-schedule:", "every"], ["dp-schedule:", "train"],
-                                                      ["rollout", "0:"], ["trained", "rollouts"]], proc.stdout
+                                                      ["rollout", "0:"], ["trained", "rollouts"],
+                                                      ["saved:", "plans"]], proc.stdout

@@ -54,6 +54,18 @@ def test_a_dataset_without_lengths_is_one_line_naming_it_before_the_model(corpus
     assert MODEL_BUILT not in log
 
 
+def test_a_bad_late_row_of_a_corpus_opened_without_the_vocabulary_is_one_line_before_the_model(tmp_path: Path) -> None:
+    """``open_corpus(path)`` as the README's script calls it (no ``vocab_size=``): the provider bounds the corpus by
+    Megatron's padded vocabulary before the model is built, naming the row's line, not a sample at its step."""
+    rows = corpus_rows(48)
+    rows[45] = [*rows[45][:-1], 500]
+    bad = write_token_jsonl(tmp_path / "late.jsonl", rows)
+    line = (f"dp-schedule: rank 0: {bad}:46: 'tokens' holds 500, outside the padded vocabulary [0, 128) (an embedding "
+            "row that does not exist)")
+    log = assert_once_per_job(_three_lines(bad), line)
+    assert MODEL_BUILT not in log
+
+
 def test_a_flag_typo_in_a_three_line_script_is_one_line_per_job(corpus: Path) -> None:
     """``add_dp_schedule_args`` makes Megatron's parser report a bad flag once per job, naming the closest known
     ``--dp-schedule*`` flag instead of argparse's "unrecognized arguments" and usage on every rank."""
