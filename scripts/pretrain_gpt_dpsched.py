@@ -55,6 +55,7 @@ import argparse
 import contextlib
 import functools
 import inspect
+import linecache
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -188,16 +189,36 @@ def parse_arguments(dry_run: bool) -> argparse.Namespace:
 
     from megatron_dpsched.megatron.releases import compat_0_18_parse_and_validate_args
 
-    if dry_run:
-        start_cpu_dry_run()  # before validate_args, which asks the device about TP/CP settings
-        args = parse_args(extra_args_provider)
-        check_before_validate_args(args)  # what validate_args would assert on, as one line naming the flags
-        validate_args(args)
-    else:
-        check_before_validate_args(parse_args(extra_args_provider))
-        args = compat_0_18_parse_and_validate_args(extra_args_provider)
+    with megatron_argument_checks():
+        if dry_run:
+            start_cpu_dry_run()  # before validate_args, which asks the device about TP/CP settings
+            args = parse_args(extra_args_provider)
+            check_before_validate_args(args)  # what validate_args would assert on, as one line naming the flags
+            validate_args(args)
+        else:
+            check_before_validate_args(parse_args(extra_args_provider))
+            args = compat_0_18_parse_and_validate_args(extra_args_provider)
     adjust_args(args)
     return args
+
+
+@contextlib.contextmanager
+def megatron_argument_checks() -> Iterator[None]:
+    """Megatron's own argument checks (``validate_args`` asserts) as one line per job, like ours, instead of a
+    traceback on every rank."""
+    try:
+        yield
+    except AssertionError as error:
+        if debug_requested():
+            raise
+        frame = error.__traceback__
+        while frame is not None and frame.tb_next is not None:
+            frame = frame.tb_next
+        code = frame.tb_frame.f_code.co_filename if frame is not None else ""
+        source = linecache.getline(code, frame.tb_lineno).strip() if frame is not None else ""
+        where = f" ({'/'.join(Path(code).parts[-3:])}:{frame.tb_lineno})" if frame is not None else ""
+        text = " ".join(str(error).split()) or source or "an assertion without a message"
+        raise ValueError(f"Megatron's argument check refused the arguments{where}: {text}") from None
 
 
 # --- model ------------------------------------------------------------------------------------

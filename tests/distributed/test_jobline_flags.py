@@ -45,6 +45,19 @@ def assert_once_per_job(proc: subprocess.CompletedProcess, line: str) -> str:
     return log
 
 
+HEADS_ASSERT = "assert args.hidden_size % args.num_attention_heads == 0"
+"""A check of Megatron's ``validate_args`` without a message of its own."""
+
+
+def _line_of(source: str) -> int:
+    """The line of ``source`` in the installed ``megatron/training/arguments.py`` (read here, apart from the code
+    under test)."""
+    import megatron.training.arguments as arguments
+
+    lines = Path(arguments.__file__).read_text().splitlines()
+    return next(number for number, line in enumerate(lines, 1) if line.strip() == source)
+
+
 @pytest.mark.parametrize(("extra", "message"), [
     ((*CAP, "--dp-schedule-balanse", "tokens"),
      "unknown option --dp-schedule-balanse; did you mean --dp-schedule-balance?"),
@@ -57,7 +70,10 @@ def assert_once_per_job(proc: subprocess.CompletedProcess, line: str) -> str:
      "(--pipeline-model-parallel-size 1): it times micro-batches for the step-time objective only; drop it"),
     ((*CAP, "--global-batch-size", "16k"), "argument --global-batch-size: invalid int value: '16k'"),
     ((*CAP, "--no-such-megatron-flag"), "unrecognized arguments: --no-such-megatron-flag"),
-], ids=["typo", "16k_ours", "without_switch", "would_not_act", "16k_megatron", "unknown_megatron"])
+    ((*CAP, "--num-attention-heads", "3"), "Megatron's argument check refused the arguments "
+     f"(megatron/training/arguments.py:{_line_of(HEADS_ASSERT)}): {HEADS_ASSERT}"),
+], ids=["typo", "16k_ours", "without_switch", "would_not_act", "16k_megatron", "unknown_megatron",
+        "megatron_assert"])
 def test_a_flag_error_is_one_line_per_job_and_torchruns_summary_names_it(corpus: Path, extra: tuple,
                                                                           message: str) -> None:
     log = assert_once_per_job(torchrun(_argv(corpus, *extra), nproc=2), PROG + message)
