@@ -356,11 +356,21 @@ def kk_deals(chosen: Candidate, timer: StepTimer, *, lower_bound: int, limit: in
         ranks = kk_deal(range(len(times)), costs=times, num_parts=config.dp_size, equal_counts=equal_counts)
         bound = count_bound([[rank] for rank in ranks], config=config, lower_bound=lower_bound)
         bound = bound if limit is None else min(bound, limit)
-        for count in (c for c in counts if c <= bound):
+        for count in (c for c in _deal_counts(counts, bound, config.layout) if c <= bound):
             plan = _pack_dealt(ranks, timer, count=count)
             if plan is not None:
                 found.append(timer.candidate(plan))
     return found
+
+
+def _deal_counts(counts: list[int], bound: int, layout: PipelineLayout) -> list[int]:
+    """``counts`` and, with ``pp_size > 1``, a deal's own bound and the :data:`KK_COUNTS` legal counts below it (a
+    pipeline's bubble shrinks with more micro-batches: the deal may win there where the chosen count's neighbours
+    do not)."""
+    if layout.pp_size == 1 or bound in counts:
+        return counts
+    near = _neighbours(bound, layout, lower_bound=max(counts) + 1)
+    return counts + [c for c in near if c <= bound and c not in counts]
 
 
 def _neighbours(count: int, layout: PipelineLayout, *, lower_bound: int) -> list[int]:
