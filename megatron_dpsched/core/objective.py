@@ -50,7 +50,8 @@ work, the cheapest fill and drain; the time the lock-step or pipeline bound says
 ``pp_size == 1``, where the floor is tight, more than :data:`KK_MARGIN`), :func:`kk_deals` deals the step's samples
 to the ranks anew by Karmarkar-Karp (:func:`~megatron_dpsched.core.kk.kk_deal` on the samples' forward times, with
 equal counts and plainly) and packs each rank at the chosen count and the :data:`KK_COUNTS` legal
-counts above it (with ``pp_size > 1`` also below it; cost-spread by :func:`~megatron_dpsched.core.kk.spread_pack`);
+counts above it (with ``pp_size > 1`` also below it, and each deal's own bound and the legal count below that,
+:func:`_deal_counts`; cost-spread by :func:`~megatron_dpsched.core.kk.spread_pack`);
 the fastest of these replaces the plan where it simulates faster by more than :data:`KK_MARGIN` (steps of at most
 :data:`KK_MAX_SAMPLES` samples, no ``padded_rows``). Step 5 balances rank costs within its tolerance by moves; the
 deal balances them further, and with a pipeline the micro-batches within each rank, as slime's and verl's
@@ -339,7 +340,8 @@ def kk_deals(chosen: Candidate, timer: StepTimer, *, lower_bound: int, limit: in
     (:func:`~megatron_dpsched.core.kk.kk_deal`), with equal counts and, within
     :data:`KK_PLAIN_LIMIT`, plainly (a tail past the cap wants fewer samples beside a giant), each rank packed
     (:func:`_pack_dealt`) at the chosen count and the :data:`KK_COUNTS` legal counts above it and, with
-    ``pp_size > 1``, below it, within each deal's bound (:func:`count_bound`) and ``limit`` (``balance_growth``'s).
+    ``pp_size > 1``, below it and near each deal's own bound (:func:`_deal_counts`), within that bound
+    (:func:`count_bound`) and ``limit`` (``balance_growth``'s).
     Steps of at most :data:`KK_MAX_SAMPLES` samples and more than one per rank, without ``padded_rows`` (rows of
     the longest sample are step 4's)."""
     config = timer.config
