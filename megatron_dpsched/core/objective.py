@@ -50,7 +50,8 @@ work, the cheapest fill and drain; the time the lock-step or pipeline bound says
 ``pp_size == 1``, where the floor is tight, more than :data:`KK_MARGIN`), :func:`kk_deals` deals the step's samples
 to the ranks anew by Karmarkar-Karp (:func:`~megatron_dpsched.core.kk.kk_deal` on the samples' forward times, with
 equal counts and plainly) and packs each rank at the chosen count and the :data:`KK_COUNTS` legal
-counts above it (with ``pp_size > 1`` also below it; cost-spread by :func:`~megatron_dpsched.core.kk.spread_pack`);
+counts above it (with ``pp_size > 1`` also below it, and each deal's own bound and the legal count below that,
+:func:`_deal_counts`; cost-spread by :func:`~megatron_dpsched.core.kk.spread_pack`);
 the fastest of these replaces the plan where it simulates faster by more than :data:`KK_MARGIN` (steps of at most
 :data:`KK_MAX_SAMPLES` samples, no ``padded_rows``). Step 5 balances rank costs within its tolerance by moves; the
 deal balances them further, and with a pipeline the micro-batches within each rank, as slime's and verl's
@@ -339,7 +340,8 @@ def kk_deals(chosen: Candidate, timer: StepTimer, *, lower_bound: int, limit: in
     (:func:`~megatron_dpsched.core.kk.kk_deal`), with equal counts and, within
     :data:`KK_PLAIN_LIMIT`, plainly (a tail past the cap wants fewer samples beside a giant), each rank packed
     (:func:`_pack_dealt`) at the chosen count and the :data:`KK_COUNTS` legal counts above it and, with
-    ``pp_size > 1``, below it, within each deal's bound (:func:`count_bound`) and ``limit`` (``balance_growth``'s).
+    ``pp_size > 1``, below it and near each deal's own bound (:func:`_deal_counts`), within that bound
+    (:func:`count_bound`) and ``limit`` (``balance_growth``'s).
     Steps of at most :data:`KK_MAX_SAMPLES` samples and more than one per rank, without ``padded_rows`` (rows of
     the longest sample are step 4's)."""
     config = timer.config
@@ -356,11 +358,21 @@ def kk_deals(chosen: Candidate, timer: StepTimer, *, lower_bound: int, limit: in
         ranks = kk_deal(range(len(times)), costs=times, num_parts=config.dp_size, equal_counts=equal_counts)
         bound = count_bound([[rank] for rank in ranks], config=config, lower_bound=lower_bound)
         bound = bound if limit is None else min(bound, limit)
-        for count in (c for c in counts if c <= bound):
+        for count in (c for c in _deal_counts(counts, bound, config.layout) if c <= bound):
             plan = _pack_dealt(ranks, timer, count=count)
             if plan is not None:
                 found.append(timer.candidate(plan))
     return found
+
+
+def _deal_counts(counts: list[int], bound: int, layout: PipelineLayout) -> list[int]:
+    """``counts`` and, with ``pp_size > 1``, a deal's own bound and the :data:`KK_COUNTS` legal counts below it (a
+    pipeline's bubble shrinks with more micro-batches: the deal may win there where the chosen count's neighbours
+    do not)."""
+    if layout.pp_size == 1 or bound in counts:
+        return counts
+    near = _neighbours(bound, layout, lower_bound=max(counts) + 1)
+    return counts + [c for c in near if c <= bound and c not in counts]
 
 
 def _neighbours(count: int, layout: PipelineLayout, *, lower_bound: int) -> list[int]:
