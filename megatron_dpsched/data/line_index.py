@@ -139,8 +139,6 @@ def store(cache: Path, arrays: dict[str, np.ndarray], stamp: dict[str, object]) 
                       f"Set {CACHE_DIR_ENV} to a writable folder", stacklevel=3)
 
 
-_stamp = file_stamp  # what tests/distributed/test_failures.py forges a fresh stamp with
-
 
 def _load(cache: Path, stamp: dict[str, object]) -> LineIndex | None:
     stored = load_stored(cache, stamp, ARRAYS)

@@ -173,7 +173,7 @@ def test_a_bad_row_found_while_training_is_one_line_naming_rank_step_and_line(tm
     """A row that changed after its length index vouched for it (the index cache matches the file's stamp) is
     only found when its micro-batch is read: step 2 (samples 16-23, read in order)."""
     from megatron_dpsched.data.corpus import TokenJsonlDataset
-    from megatron_dpsched.data.line_index import _stamp, index_path
+    from megatron_dpsched.data.line_index import file_stamp, index_path
 
     path = write_token_jsonl(tmp_path / "corpus.jsonl", corpus_rows(48))
     TokenJsonlDataset(path)  # builds and caches the index of the good file
@@ -184,7 +184,7 @@ def test_a_bad_row_found_while_training_is_one_line_naming_rank_step_and_line(tm
     with np.load(cache) as stored:
         kept = {name: stored[name] for name in stored.files if name != "meta"}
     with open(cache, "wb") as out:  # the index vouches for the changed file
-        np.savez(out, meta=np.array(json.dumps(_stamp(path, TokenJsonlDataset.INDEX_KIND))), **kept)
+        np.savez(out, meta=np.array(json.dumps(file_stamp(path, TokenJsonlDataset.INDEX_KIND))), **kept)
     proc = torchrun([*_argv(path, "--split", "100,0,0", "--global-batch-size", "8"), "--train-iters", "4"], nproc=2)
     log = proc.stdout + proc.stderr
     assert proc.returncode != 0
