@@ -1,8 +1,10 @@
 #!/usr/bin/env python
 """Measured step time, side by side: real Megatron ``train_step`` on gloo CPU processes under every plan.
 
-For each setting (``--settings``: DP 2 x PP 2, PP 4, PP 2 x VPP 2; four processes each) one launch of four gloo
-processes builds a GPT with Megatron's real ``setup_model_and_optimizer`` and trains the same global batches
+For each setting (``--settings``: DP 2 x PP 2, PP 4, PP 2 x VPP 2, four processes each, by default; ``pp2`` and
+``pp2_vpp2_dp1``, PP 2 and PP 2 x VPP 2 on one data-parallel rank, two processes each: one core per process on a
+two-core machine) one launch of the setting's gloo processes builds a GPT with Megatron's real
+``setup_model_and_optimizer`` and trains the same global batches
 under every plan, each through the shipped-plan feed (``ScheduledDataIterator``, packed ``thd`` micro-batches):
 
 - ``project``: this project's plan, as ``--dp-schedule`` makes it from the run's Megatron arguments (with
@@ -32,9 +34,10 @@ plan trained every sample exactly once (from the step records' sample ids)::
 
     python scripts/bench_measured.py --megatron-lm-src ../Megatron-LM --out out/bench_measured   # ~10 min on 2 cores
     python scripts/bench_measured.py --out out/bench_measured --from-records   # the table again, from those records
+    python scripts/bench_measured.py --settings pp2 pp2_vpp2_dp1 --steps 12 --out out/bench_measured_2   # one core each
     python scripts/bench_measured.py --quick          # DP 2 x PP 2 only, 3 small steps: a smoke run (the test's)
 
-The figures of ``docs/bench_measured.md`` are from the first command.
+The figures of ``docs/bench_measured.md`` are from the first and the third command.
 
 Figures are wall time on a shared machine: the load average before and after each launch is printed.
 """
@@ -76,7 +79,7 @@ PROJECT = "project"
 
 @dataclass(frozen=True, kw_only=True)
 class Setting:
-    """One parallel layout of four processes."""
+    """One parallel layout (four processes in the default settings; two in the ``one_core_each`` ones)."""
 
     name: str
     dp: int
@@ -89,7 +92,12 @@ class Setting:
 
 
 SETTINGS = {s.name: s for s in (Setting(name="dp2_pp2", dp=2, pp=2), Setting(name="pp4", dp=1, pp=4),
-                                Setting(name="pp2_vpp2", dp=2, pp=2, vpp=2))}
+                                Setting(name="pp2_vpp2", dp=2, pp=2, vpp=2), Setting(name="pp2", dp=1, pp=2),
+                                Setting(name="pp2_vpp2_dp1", dp=1, pp=2, vpp=2))}
+DEFAULT_SETTINGS = ("dp2_pp2", "pp4", "pp2_vpp2")
+"""The issue's three layouts of four processes; ``pp2`` and ``pp2_vpp2_dp1`` run two processes, one core each on
+a two-core machine (a device per stage, as the simulator assumes), where a quiet machine lets the wall-time order
+of the plans be checked (only the packing, count and order differ there: one data-parallel rank)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -524,7 +532,7 @@ def setting_line(result: SettingResult) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--settings", nargs="+", choices=tuple(SETTINGS), default=list(SETTINGS))
+    parser.add_argument("--settings", nargs="+", choices=tuple(SETTINGS), default=list(DEFAULT_SETTINGS))
     parser.add_argument("--steps", type=int, default=10, help="global batches per plan (the first --warmup-steps "
                         "are not measured)")
     parser.add_argument("--warmup-steps", type=int, default=1)
