@@ -63,18 +63,18 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, partial
 from itertools import chain
 
 import numpy as np
 
 from megatron_dpsched.core.alignment import PipelineLayout
-from megatron_dpsched.core.balancing import peak_cost, rank_maxima
+from megatron_dpsched.core.balancing import peak_cost, rank_maxima, run_sums
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
 from megatron_dpsched.core.kk import differencing_pack, kk_deal, spread_pack
-from megatron_dpsched.core.ordering import PIPELINE_ORDERS, arrangements, order_micro_batches
+from megatron_dpsched.core.ordering import PIPELINE_ORDERS, arrange_rows, arrangements, order_micro_batches
 from megatron_dpsched.core.packing import pack_ranks
-from megatron_dpsched.core.steptime import VECTOR_RANKS, rank_makespans
+from megatron_dpsched.core.steptime import VECTOR_RANKS, rank_makespans, row_makespans
 
 STEP_TIME_TOLERANCE = 0.005
 """Among candidates within this share of the fastest, the one with the fewest micro-batches wins (small: a plan
@@ -139,6 +139,8 @@ class Candidate:
     num_microbatches: int
     seconds: float
     plan: list[RankPlan]
+    rank_seconds: list[float] | None = None
+    """Each rank's simulated makespan in ``plan``'s order (``None`` where not simulated: a screen's candidate)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,37 +157,53 @@ class StepTimer:
         order = self.config.microbatch_order
         if order not in PIPELINE_ORDERS:
             ordered = [order_micro_batches(rank, self.costs, order) for rank in plan]
-            return Candidate(num_microbatches=len(plan[0]), seconds=max(self._makespans(ordered)), plan=ordered)
-        choosing = self.config.pp_size > 1 and order == PIPELINE_ORDERS[0]
-        arranged = [arrangements(rank, self.costs, PIPELINE_ORDERS if choosing else (order,)) for rank in plan]
+            spans = self._makespans(ordered)
+            return Candidate(num_microbatches=len(plan[0]), seconds=max(spans), plan=ordered, rank_seconds=spans)
+        orders = PIPELINE_ORDERS if self.config.pp_size > 1 and order == PIPELINE_ORDERS[0] else (order,)
+        if self._rows_apply(plan):
+            return self._candidate_rows(plan, orders)
+        arranged = [arrangements(rank, self.costs, orders) for rank in plan]
         times = self._batch_times([batches for batches, _ in arranged])
-        ordered = [[batches[b] for b in positions[0]] for batches, positions in arranged]
-        spans = self._spans([tuple(map(rank_times.__getitem__, positions[0]))
-                             for rank_times, (_, positions) in zip(times, arranged)])
-        if choosing:
-            self._choose_orders(ordered, spans, arranged, times)
-        return Candidate(num_microbatches=len(plan[0]), seconds=max(spans), plan=ordered)
+        spans = [self._spans([tuple(map(rank_times.__getitem__, positions[k]))
+                              for rank_times, (_, positions) in zip(times, arranged)]) for k in range(len(orders))]
+        choice, chosen = _choose_orders(spans)
+        ordered = [[batches[b] for b in positions[k]] for k, (batches, positions) in zip(choice, arranged)]
+        return Candidate(num_microbatches=len(plan[0]), seconds=max(chosen), plan=ordered, rank_seconds=chosen)
 
-    def _choose_orders(
-        self, ordered: list[RankPlan], spans: list[float], arranged: list[tuple[RankPlan, list[list[int]]]],
-        times: list[list[float]],
-    ) -> None:
-        """In place: ranks from the slowest, each in the fastest of
-        :data:`~megatron_dpsched.core.ordering.PIPELINE_ORDERS` (step 6's unless another is faster by more
-        than :data:`ORDER_MARGIN`), until the next rank's makespan cannot be the step time. ``arranged``: each
-        rank's micro-batches and their positions in every order; ``times``: their forward times."""
-        others = [self._spans([tuple(map(rank_times.__getitem__, positions[k])) for rank_times, (_, positions)
-                               in zip(times, arranged)]) for k in range(1, len(PIPELINE_ORDERS))]
-        step = 0.0
-        for rank in sorted(range(len(ordered)), key=lambda r: -spans[r]):
-            if spans[rank] <= step:
-                break
-            batches, positions = arranged[rank]
-            for k in range(1, len(PIPELINE_ORDERS)):
-                seconds = others[k - 1][rank]
-                if seconds < spans[rank] * (1 - ORDER_MARGIN):
-                    ordered[rank], spans[rank] = [batches[b] for b in positions[k]], seconds
-            step = max(step, spans[rank])
+    def _rows_apply(self, plan: list[RankPlan]) -> bool:
+        """:meth:`_candidate_rows` applies: many ranks of one count, forward times exact in NumPy."""
+        count = len(plan[0])
+        return (len(plan) >= VECTOR_RANKS and not self.config.padded_rows and self._planned is not None
+                and all(len(rank) == count for rank in plan))
+
+    def _candidate_rows(self, plan: list[RankPlan], orders: Sequence[str]) -> Candidate:
+        """:meth:`candidate` of many ranks of one count at once with NumPy, the same plan and times: each rank's
+        micro-batches sorted by (Python's sum of their costs in sample order, first sample) in one sort, arranged
+        in every order by index arithmetic, and every rank in every order simulated in one pass."""
+        ranks, count = len(plan), len(plan[0])
+        batches = list(chain.from_iterable(plan))
+        lengths = np.fromiter(map(len, batches), dtype=np.int64, count=len(batches))
+        items = np.fromiter(chain.from_iterable(batches), dtype=np.int64, count=int(lengths.sum()))
+        owners = np.repeat(np.arange(len(batches)), lengths)
+        ascending = np.lexsort((items, owners))  # each micro-batch's samples in index order
+        for b in np.unique(owners[ascending != np.arange(len(items))]).tolist():
+            batches[b] = sorted(batches[b])  # the sorted copy of a micro-batch out of order (the rest as given)
+        items = items[ascending]
+        filled = lengths > 0
+        firsts = np.full(len(batches), -1, dtype=np.int64)  # an empty micro-batch sorts before any of equal cost
+        firsts[filled] = items[(np.cumsum(lengths) - lengths)[filled]]
+        keys = run_sums(self.costs, items, lengths)  # as Python sums each micro-batch's costs
+        ascending = np.lexsort((firsts, keys, np.repeat(np.arange(ranks), count))).reshape(ranks, count)
+        positions = np.stack([arrange_rows(ascending, order) for order in orders])
+        times = self._flat_times(items, lengths)[positions.reshape(-1, count)]
+        model = self.config.step_time_model
+        assert model is not None
+        seconds = row_makespans(times, layout=self.config.layout, backward_factor=model.backward_factor)
+        choice, chosen = _choose_orders([seconds[k * ranks:(k + 1) * ranks] for k in range(len(orders))])
+        runs = positions[np.asarray(choice), np.arange(ranks)].ravel().tolist()
+        flat = list(map(batches.__getitem__, runs))
+        ordered = [flat[start:start + count] for start in range(0, len(flat), count)]
+        return Candidate(num_microbatches=count, seconds=max(chosen), plan=ordered, rank_seconds=chosen)
 
     def makespans(self, ordered: list[RankPlan]) -> list[float]:
         """Each rank's simulated makespan, its micro-batches run in the given order."""
@@ -202,26 +220,30 @@ class StepTimer:
         with np.errstate(over="ignore", invalid="ignore"):  # as Python floats: inf and nan, no warning
             return (a * self._planned + b * self._planned * self._planned).tolist()  # elementwise, as Python
 
-    @np.errstate(over="ignore", invalid="ignore")  # as Python floats: inf and nan, no warning
     def _batch_times(self, ranks: list[RankPlan]) -> list[list[float]]:
         """:meth:`_forward_time` of every micro-batch of every rank; with many ranks in one NumPy pass when its
         token and pair sums are exact in floating point (as Python's integer sums are)."""
         if len(ranks) < VECTOR_RANKS or self.config.padded_rows or self._planned is None:
             return [[self._forward_time(mb) for mb in rank] for rank in ranks]
-        model = self.config.step_time_model
-        assert model is not None
         batches = list(chain.from_iterable(ranks))
         counts = np.fromiter(map(len, batches), dtype=np.int64, count=len(batches))
         items = np.fromiter(chain.from_iterable(batches), dtype=np.int64, count=int(counts.sum()))
-        owner = np.repeat(np.arange(len(batches)), counts)
-        planned = self._planned[items]
-        tokens = np.bincount(owner, weights=planned, minlength=len(batches))
-        pairs = np.bincount(owner, weights=planned * planned, minlength=len(batches))
-        tokens[counts == 0] = pairs[counts == 0] = 1.0
-        seconds = (model.seconds_per_token * tokens + model.seconds_per_token_pair * pairs
-                   + model.seconds_per_microbatch).tolist()
+        seconds = self._flat_times(items, counts).tolist()
         bounds = np.cumsum([len(rank) for rank in ranks]).tolist()
         return [seconds[a:b] for a, b in zip([0, *bounds[:-1]], bounds)]
+
+    @np.errstate(over="ignore", invalid="ignore")  # as Python floats: inf and nan, no warning
+    def _flat_times(self, items: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """The forward time of each micro-batch laid end to end in ``items`` (``counts``: their sample counts), in
+        one NumPy pass (its sums of planned sizes and their squares are exact)."""
+        model, planned = self.config.step_time_model, self._planned
+        assert model is not None and planned is not None
+        owner = np.repeat(np.arange(len(counts)), counts)
+        sizes = planned[items]
+        tokens = np.bincount(owner, weights=sizes, minlength=len(counts))
+        pairs = np.bincount(owner, weights=sizes * sizes, minlength=len(counts))
+        tokens[counts == 0] = pairs[counts == 0] = 1.0
+        return model.seconds_per_token * tokens + model.seconds_per_token_pair * pairs + model.seconds_per_microbatch
 
     def _makespans(self, ordered: list[RankPlan]) -> list[float]:
         """Each rank's simulated makespan, its micro-batches run in the given order."""
@@ -278,11 +300,30 @@ class StepTimer:
         return model.seconds_per_token * tokens + model.seconds_per_token_pair * pairs + model.seconds_per_microbatch
 
 
+def _choose_orders(spans: list[list[float]]) -> tuple[list[int], list[float]]:
+    """Which of the orders timed (``spans[k][rank]``: rank's makespan in order ``k``; order 0 step 6's) each rank
+    runs, and its makespan: ranks from the slowest in order 0, each in the fastest order (order 0 unless another is
+    faster by more than :data:`ORDER_MARGIN`), until the next rank's makespan cannot be the step time."""
+    first = spans[0]
+    choice, chosen = [0] * len(first), list(first)
+    if len(spans) == 1:
+        return choice, chosen
+    step = 0.0
+    for rank in sorted(range(len(first)), key=first.__getitem__, reverse=True):  # stable: ties in rank order
+        if chosen[rank] <= step:
+            break
+        for k in range(1, len(spans)):
+            if spans[k][rank] < chosen[rank] * (1 - ORDER_MARGIN):
+                choice[rank], chosen[rank] = k, spans[k][rank]
+        step = max(step, chosen[rank])
+    return choice, chosen
+
+
 def count_bound(plan: list[RankPlan], *, config: ScheduleConfig, lower_bound: int) -> int:
     """``B = max(M, align(n))``, the most micro-batches a step-time plan may run: the aligned lower bound
     ``M``, or enough for the rank with the most samples (``n``) to run one per micro-batch (beyond that
     every rank would only add empty micro-batches)."""
-    most = max(sum(len(mb) for mb in rank) for rank in plan)
+    most = max(map(sum, map(partial(map, len), plan)))  # each rank's samples
     return max(lower_bound, config.layout.align(most))
 
 
@@ -311,7 +352,8 @@ def plan_for_step_time(
         candidates += _tail_counts(base, timer, replan=replan, limit=limit, lower_bound=lower_bound)
     if config.pp_size > 1:  # with one stage a rank's time is its micro-batches' sum: more never help
         seed = min((c for c in candidates if c.num_microbatches >= base.num_microbatches), key=lambda c: c.seconds)
-        own = count_bound(seed.plan, config=config, lower_bound=lower_bound)
+        # the base holds the default's samples on each rank (repacked, reordered): the same bound
+        own = bound if seed is base else count_bound(seed.plan, config=config, lower_bound=lower_bound)
         candidates += _more_counts(seed, timer, limit=max(seed.num_microbatches, min(limit, own)))
     chosen = cost_equal(choose(candidates, ceiling=base.seconds), timer)
     top = None if growth_limit is None else max(chosen.num_microbatches, growth_limit)
@@ -477,12 +519,13 @@ def _more_counts(base: Candidate, timer: StepTimer, *, limit: int) -> list[Candi
     :data:`STEP_TIME_TOLERANCE`."""
     layout, config = timer.config.layout, timer.config
     screened: list[Candidate] = []
-    busiest = timer.busiest(base.plan)
+    busiest: list[RankPlan] = []  # found when the first count is screened
     best, best_count, stale, count = base.seconds, base.num_microbatches, 0, base.num_microbatches
     while stale < MAX_STALE_COUNTS or count < SEARCH_SPAN * best_count:
         count = max(layout.next_legal(count), layout.align(math.ceil(count * (1 + COUNT_GROWTH))))
         if count > limit:
             break
+        busiest = busiest or timer.busiest(base.plan)
         subset = repack_ranks(busiest, timer.sizes, config, count)
         if subset is None:
             stale += 1
@@ -515,7 +558,8 @@ def cost_equal(chosen: Candidate, timer: StepTimer) -> Candidate:
     config = timer.config
     if config.pp_size == 1 or config.padded_rows:
         return chosen
-    plan, spans = list(chosen.plan), timer.makespans(chosen.plan)
+    plan = list(chosen.plan)
+    spans = timer.makespans(plan) if chosen.rank_seconds is None else list(chosen.rank_seconds)
     times = timer.sample_times()
     step, budget = 0.0, COST_EQUAL_SAMPLES
     for count, rank in enumerate(sorted(range(len(plan)), key=lambda r: -spans[r])):
@@ -530,7 +574,7 @@ def cost_equal(chosen: Candidate, timer: StepTimer) -> Candidate:
                 plan[rank], spans[rank] = trial.plan[0], trial.seconds
         step = max(step, spans[rank])
     if max(spans) < chosen.seconds * (1 - ORDER_MARGIN):
-        return Candidate(num_microbatches=chosen.num_microbatches, seconds=max(spans), plan=plan)
+        return Candidate(num_microbatches=chosen.num_microbatches, seconds=max(spans), plan=plan, rank_seconds=spans)
     return chosen
 
 

@@ -358,26 +358,60 @@ VECTOR_RANKS = 8
 """:func:`rank_makespans` simulates this many ranks or more at once with NumPy."""
 
 
+def row_makespans(times: np.ndarray, *, layout: PipelineLayout, backward_factor: float) -> list[float]:
+    """:func:`rank_makespans` of ranks of one count given as the rows of a float array, all at once."""
+    return _simulate_ranks(times, layout, backward_factor)
+
+
 @np.errstate(over="ignore", invalid="ignore")  # as Python floats: inf and nan, no warning
 def _simulate_ranks(times: np.ndarray, layout: PipelineLayout, backward_factor: float) -> list[float]:
     """:func:`_simulate`'s makespans (no latency) of every row of ``times`` at once: ranks of one count share
     every op's stage and dependency, so the ops run in one order valid for all (:func:`_op_sequence`) with
-    the same additions and maxima, rank by rank, as the one-rank simulation."""
+    the same additions and maxima, rank by rank, as the one-rank simulation. Each op's end times go to a row
+    of a small table, reused once the op's readers have run (:func:`_op_slots`)."""
     count = times.shape[1]
     share = 1.0 / (layout.pp_size * layout.vpp_size)
     durations = np.concatenate((times * share, backward_factor * times * share), axis=1).T.copy()
-    ops = 2 * count * layout.pp_size * layout.vpp_size
-    end = np.zeros((ops + 1, times.shape[0]))  # row ``ops``: zeros, when a stage is free before its first op
-    rows, lasts = list(end), [ops] * layout.pp_size  # each stage's latest op (its end: when the stage is free)
-    spans, scratch = list(durations), np.empty(times.shape[0])
+    steps, size, finals = _op_slots(layout, count)
+    end = np.zeros((size, times.shape[0]))  # row 0: zeros, when a stage is free before its first op
+    rows, spans, scratch = list(end), list(durations), np.empty(times.shape[0])
     add, maximum = np.add, np.maximum
-    for stage, op, dependency, duration_index in _op_sequence(layout, count):
+    for into, previous, dependency, duration_index in steps:
         if dependency < 0:
-            add(rows[lasts[stage]], spans[duration_index], out=rows[op])
+            add(rows[previous], spans[duration_index], out=rows[into])
         else:
-            add(maximum(rows[lasts[stage]], rows[dependency], out=scratch), spans[duration_index], out=rows[op])
-        lasts[stage] = op
-    return end[lasts].max(axis=0).tolist()
+            add(maximum(rows[previous], rows[dependency], out=scratch), spans[duration_index], out=rows[into])
+    return end[list(finals)].max(axis=0).tolist()
+
+
+@lru_cache(maxsize=256)
+def _op_slots(layout: PipelineLayout, count: int) -> tuple[tuple[tuple[int, int, int, int], ...], int, tuple[int, ...]]:
+    """:func:`_op_sequence` with each op's end in a row (slot) of a table: every op as ``(its slot, the slot of
+    its stage's previous op or 0, its dependency's slot or -1, duration index)``, the table's size and the slots
+    of the stages' last ops. An op's slot is free again once the ops that read it (its stage's next op and the
+    op that depends on it) have run; slot 0 holds zeros."""
+    sequence = _op_sequence(layout, count)
+    readers = [0] * (2 * count * layout.pp_size * layout.vpp_size)
+    previous = [-1] * layout.pp_size
+    for stage, op, dependency, _ in sequence:
+        for read in (previous[stage], dependency):
+            readers[read] += read >= 0
+        previous[stage] = op
+    finals = set(previous)  # read at the end: never freed
+    slot_of, free, size, steps = {-1: 0}, [], 1, []
+    previous = [-1] * layout.pp_size
+    for stage, op, dependency, duration_index in sequence:
+        slot_of[op] = free.pop() if free else size
+        size = max(size, slot_of[op] + 1)
+        steps.append((slot_of[op], slot_of[previous[stage]], slot_of[dependency] if dependency >= 0 else -1,
+                      duration_index))
+        for read in (previous[stage], dependency):
+            if read >= 0:
+                readers[read] -= 1
+                if not readers[read] and read not in finals:
+                    free.append(slot_of[read])
+        previous[stage] = op
+    return tuple(steps), size, tuple(slot_of[op] for op in previous)
 
 
 @lru_cache(maxsize=256)
