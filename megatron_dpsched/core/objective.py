@@ -141,6 +141,8 @@ class Candidate:
     plan: list[RankPlan]
     rank_seconds: list[float] | None = None
     """Each rank's simulated makespan in ``plan``'s order (``None`` where not simulated: a screen's candidate)."""
+    settled: frozenset[int] = frozenset()
+    """The ranks that run the fastest of the orders timed (:func:`_choose_orders`; with one order, every rank)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,7 +160,8 @@ class StepTimer:
         if order not in PIPELINE_ORDERS:
             ordered = [order_micro_batches(rank, self.costs, order) for rank in plan]
             spans = self._makespans(ordered)
-            return Candidate(num_microbatches=len(plan[0]), seconds=max(spans), plan=ordered, rank_seconds=spans)
+            return Candidate(num_microbatches=len(plan[0]), seconds=max(spans), plan=ordered, rank_seconds=spans,
+                             settled=frozenset(range(len(plan))))
         orders = PIPELINE_ORDERS if self.config.pp_size > 1 and order == PIPELINE_ORDERS[0] else (order,)
         if self._rows_apply(plan):
             return self._candidate_rows(plan, orders)
@@ -166,9 +169,10 @@ class StepTimer:
         times = self._batch_times([batches for batches, _ in arranged])
         spans = [self._spans([tuple(map(rank_times.__getitem__, positions[k]))
                               for rank_times, (_, positions) in zip(times, arranged)]) for k in range(len(orders))]
-        choice, chosen = _choose_orders(spans)
+        choice, chosen, settled = _choose_orders(spans)
         ordered = [[batches[b] for b in positions[k]] for k, (batches, positions) in zip(choice, arranged)]
-        return Candidate(num_microbatches=len(plan[0]), seconds=max(chosen), plan=ordered, rank_seconds=chosen)
+        return Candidate(num_microbatches=len(plan[0]), seconds=max(chosen), plan=ordered, rank_seconds=chosen,
+                         settled=settled)
 
     def _rows_apply(self, plan: list[RankPlan]) -> bool:
         """:meth:`_candidate_rows` applies: many ranks of one count, forward times exact in NumPy."""
@@ -184,26 +188,23 @@ class StepTimer:
         batches = list(chain.from_iterable(plan))
         lengths = np.fromiter(map(len, batches), dtype=np.int64, count=len(batches))
         items = np.fromiter(chain.from_iterable(batches), dtype=np.int64, count=int(lengths.sum()))
-        owners = np.repeat(np.arange(len(batches)), lengths)
-        ascending = np.lexsort((items, owners))  # each micro-batch's samples in index order
-        for b in np.unique(owners[ascending != np.arange(len(items))]).tolist():
-            batches[b] = sorted(batches[b])  # the sorted copy of a micro-batch out of order (the rest as given)
-        items = items[ascending]
+        items, batch_array = self._sort_batches(batches, items, lengths)
         filled = lengths > 0
         firsts = np.full(len(batches), -1, dtype=np.int64)  # an empty micro-batch sorts before any of equal cost
         firsts[filled] = items[(np.cumsum(lengths) - lengths)[filled]]
-        keys = run_sums(self.costs, items, lengths)  # as Python sums each micro-batch's costs
-        ascending = np.lexsort((firsts, keys, np.repeat(np.arange(ranks), count))).reshape(ranks, count)
+        keys = self._cost_sums(items, lengths)
+        by_rank = np.lexsort((firsts.reshape(ranks, count), keys.reshape(ranks, count)), axis=1)
+        ascending = by_rank + np.arange(0, ranks * count, count)[:, None]  # positions in ``batches``
         positions = np.stack([arrange_rows(ascending, order) for order in orders])
         times = self._flat_times(items, lengths)[positions.reshape(-1, count)]
         model = self.config.step_time_model
         assert model is not None
         seconds = row_makespans(times, layout=self.config.layout, backward_factor=model.backward_factor)
-        choice, chosen = _choose_orders([seconds[k * ranks:(k + 1) * ranks] for k in range(len(orders))])
-        runs = positions[np.asarray(choice), np.arange(ranks)].ravel().tolist()
-        flat = list(map(batches.__getitem__, runs))
+        choice, chosen, settled = _choose_orders([seconds[k * ranks:(k + 1) * ranks] for k in range(len(orders))])
+        flat = batch_array[positions[np.asarray(choice), np.arange(ranks)].ravel()].tolist()
         ordered = [flat[start:start + count] for start in range(0, len(flat), count)]
-        return Candidate(num_microbatches=count, seconds=max(chosen), plan=ordered, rank_seconds=chosen)
+        return Candidate(num_microbatches=count, seconds=max(chosen), plan=ordered, rank_seconds=chosen,
+                         settled=settled)
 
     def makespans(self, ordered: list[RankPlan]) -> list[float]:
         """Each rank's simulated makespan, its micro-batches run in the given order."""
@@ -244,6 +245,40 @@ class StepTimer:
         pairs = np.bincount(owner, weights=sizes * sizes, minlength=len(counts))
         tokens[counts == 0] = pairs[counts == 0] = 1.0
         return model.seconds_per_token * tokens + model.seconds_per_token_pair * pairs + model.seconds_per_microbatch
+
+    @staticmethod
+    def _sort_batches(
+        batches: list[list[int]], items: np.ndarray, lengths: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``items`` (the micro-batches' samples end to end) with each micro-batch's samples in index order, and the
+        micro-batches as sorted lists (an object array): ``batches`` themselves where each is in order, else new
+        lists made from the sorted samples, those of one length at a time."""
+        owners = np.repeat(np.arange(len(batches)), lengths)
+        if not bool(((items[1:] < items[:-1]) & (owners[1:] == owners[:-1])).any()):
+            return items, np.fromiter(batches, dtype=object, count=len(batches))
+        items = items[np.argsort(owners * (int(items.max()) + 1) + items, kind="stable")]
+        starts, out = np.cumsum(lengths) - lengths, np.empty(len(batches), dtype=object)
+        for length in np.unique(lengths).tolist():
+            which = np.flatnonzero(lengths == length)
+            rows = items[starts[which][:, None] + np.arange(length)].tolist()  # each a new list
+            out[which] = np.fromiter(rows, dtype=object, count=len(rows))
+        return items, out
+
+    def _cost_sums(self, items: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """Python's sum of each micro-batch's costs (its samples end to end in ``items``, in that order): from the
+        few costs taken where these are a small share of the step's Python floats."""
+        if 4 * len(items) < len(self.costs) and self._float_costs:
+            return run_sums(self._cost_array[items].tolist(), np.arange(len(items)), lengths)
+        return run_sums(self.costs, items, lengths)
+
+    @cached_property
+    def _float_costs(self) -> bool:
+        """Every cost is a Python float (:attr:`_cost_array` gives them back bit for bit)."""
+        return all(type(cost) is float for cost in self.costs)
+
+    @cached_property
+    def _cost_array(self) -> np.ndarray:
+        return np.asarray(self.costs, dtype=np.float64)
 
     def _makespans(self, ordered: list[RankPlan]) -> list[float]:
         """Each rank's simulated makespan, its micro-batches run in the given order."""
@@ -300,15 +335,16 @@ class StepTimer:
         return model.seconds_per_token * tokens + model.seconds_per_token_pair * pairs + model.seconds_per_microbatch
 
 
-def _choose_orders(spans: list[list[float]]) -> tuple[list[int], list[float]]:
+def _choose_orders(spans: list[list[float]]) -> tuple[list[int], list[float], frozenset[int]]:
     """Which of the orders timed (``spans[k][rank]``: rank's makespan in order ``k``; order 0 step 6's) each rank
-    runs, and its makespan: ranks from the slowest in order 0, each in the fastest order (order 0 unless another is
-    faster by more than :data:`ORDER_MARGIN`), until the next rank's makespan cannot be the step time."""
+    runs, its makespan, and the ranks that run their fastest order: ranks from the slowest in order 0, each in the
+    fastest order (order 0 unless another is faster by more than :data:`ORDER_MARGIN`), until the next rank's
+    makespan cannot be the step time."""
     first = spans[0]
     choice, chosen = [0] * len(first), list(first)
     if len(spans) == 1:
-        return choice, chosen
-    step = 0.0
+        return choice, chosen, frozenset(range(len(first)))
+    step, settled = 0.0, []
     for rank in sorted(range(len(first)), key=first.__getitem__, reverse=True):  # stable: ties in rank order
         if chosen[rank] <= step:
             break
@@ -316,15 +352,20 @@ def _choose_orders(spans: list[list[float]]) -> tuple[list[int], list[float]]:
             if spans[k][rank] < chosen[rank] * (1 - ORDER_MARGIN):
                 choice[rank], chosen[rank] = k, spans[k][rank]
         step = max(step, chosen[rank])
-    return choice, chosen
+        settled.append(rank)
+    return choice, chosen, frozenset(settled)
 
 
-def count_bound(plan: list[RankPlan], *, config: ScheduleConfig, lower_bound: int) -> int:
+def count_bound(plan: list[RankPlan], *, config: ScheduleConfig, lower_bound: int, most: int | None = None) -> int:
     """``B = max(M, align(n))``, the most micro-batches a step-time plan may run: the aligned lower bound
-    ``M``, or enough for the rank with the most samples (``n``) to run one per micro-batch (beyond that
-    every rank would only add empty micro-batches)."""
-    most = max(map(sum, map(partial(map, len), plan)))  # each rank's samples
-    return max(lower_bound, config.layout.align(most))
+    ``M``, or enough for the rank with the most samples (``n``, :func:`most_samples`; ``most`` where known) to
+    run one per micro-batch (beyond that every rank would only add empty micro-batches)."""
+    return max(lower_bound, config.layout.align(most_samples(plan) if most is None else most))
+
+
+def most_samples(plan: list[RankPlan]) -> int:
+    """The most samples one rank of ``plan`` holds."""
+    return max(map(sum, map(partial(map, len), plan)))
 
 
 def plan_for_step_time(
@@ -341,14 +382,16 @@ def plan_for_step_time(
     counts (:data:`TAIL_IMBALANCE`) and, with pipelining, the fastest of these so far with its rank
     assignment repacked into more micro-batches; ties go to fewer micro-batches."""
     timer = StepTimer(sizes=sizes, costs=costs, config=config)
-    bound = count_bound(default, config=config, lower_bound=lower_bound)
+    most = most_samples(default)
+    bound = count_bound(default, config=config, lower_bound=lower_bound, most=most)
     fitted = default if len(default[0]) <= bound else repack_ranks(default, sizes, config, bound)
     assert fitted is not None, "one sample per micro-batch always fits"
     base = timer.candidate(fitted)
     fewer = _fewer_counts(base, timer, replan=replan, lower_bound=lower_bound)
     candidates = [base, *fewer]
     limit = bound if growth_limit is None else max(base.num_microbatches, min(bound, growth_limit))
-    if tail_heavy(fitted, costs) or (fewer and tail_heavy(fewer[0].plan, costs)):  # step 5 may have reached
+    # step 5 may have reached; with one sample a rank, no rank costs more than the dearest sample
+    if (most > 1 and tail_heavy(fitted, costs)) or (fewer and tail_heavy(fewer[0].plan, costs)):
         candidates += _tail_counts(base, timer, replan=replan, limit=limit, lower_bound=lower_bound)
     if config.pp_size > 1:  # with one stage a rank's time is its micro-batches' sum: more never help
         seed = min((c for c in candidates if c.num_microbatches >= base.num_microbatches), key=lambda c: c.seconds)
@@ -562,12 +605,16 @@ def cost_equal(chosen: Candidate, timer: StepTimer) -> Candidate:
     spans = timer.makespans(plan) if chosen.rank_seconds is None else list(chosen.rank_seconds)
     times = timer.sample_times()
     step, budget = 0.0, COST_EQUAL_SAMPLES
-    for count, rank in enumerate(sorted(range(len(plan)), key=lambda r: -spans[r])):
+    for count, rank in enumerate(sorted(range(len(plan)), key=spans.__getitem__, reverse=True)):
         if spans[rank] <= step or (count >= COST_EQUAL_RANKS and budget <= 0):
             break
-        budget -= sum(map(len, plan[rank]))
-        dealt = differencing_pack([i for mb in plan[rank] for i in mb], sizes=timer.sizes, costs=times,
-                                  cap=config.token_cap, num_bins=chosen.num_microbatches)  # type: ignore[arg-type]
+        items = [i for mb in plan[rank] for i in mb]
+        budget -= len(items)
+        if rank in chosen.settled and _dealt_alike(plan[rank], times):
+            step = max(step, spans[rank])
+            continue
+        dealt = differencing_pack(items, sizes=timer.sizes, costs=times, cap=config.token_cap,  # type: ignore[arg-type]
+                                  num_bins=chosen.num_microbatches)
         if dealt is not None:
             trial = timer.candidate([dealt])
             if trial.seconds < spans[rank] * (1 - ORDER_MARGIN):
@@ -576,6 +623,14 @@ def cost_equal(chosen: Candidate, timer: StepTimer) -> Candidate:
     if max(spans) < chosen.seconds * (1 - ORDER_MARGIN):
         return Candidate(num_microbatches=chosen.num_microbatches, seconds=max(spans), plan=plan, rank_seconds=spans)
     return chosen
+
+
+def _dealt_alike(rank: RankPlan, times: Sequence[float]) -> bool:
+    """Each micro-batch of ``rank`` holds at most one sample, each of positive time: then
+    :func:`~megatron_dpsched.core.kk.differencing_pack` leaves every sample alone as it is (a merge pairs the
+    dearest parts with the empty ones while there are as many parts as samples), so the rank packed anew runs the
+    same micro-batches, in the same fastest order (:func:`cost_equal` skips it where it is settled)."""
+    return all(len(mb) <= 1 for mb in rank) and all(times[mb[0]] > 0 for mb in rank if mb)
 
 
 def repack_ranks(

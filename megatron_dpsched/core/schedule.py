@@ -362,11 +362,11 @@ def assemble_schedule(
     are one tuple, shared by the ranks: :class:`_Spans`)."""
     assert all(len(step_plan) == config.dp_size for step_plan in plans)
     partitions, micro_batch_indices, spans = [], [], _Spans()
-    for rank in range(config.dp_size):
-        micro_batches = [mb for step_plan in plans for mb in step_plan[rank]]
+    for rank_steps in zip(*plans) if plans else [()] * config.dp_size:  # each rank's plan of every step
+        micro_batches = list(chain.from_iterable(rank_steps))
         ends = list(accumulate(map(len, micro_batches)))
         partitions.append(tuple(chain.from_iterable(micro_batches)))
-        micro_batch_indices.append(tuple(map(spans.__getitem__, zip([0, *ends[:-1]], ends))))
+        micro_batch_indices.append(tuple(map(spans.__getitem__, zip(chain((0,), ends), ends))))
     return DPSchedule(
         config=config,
         lengths=tuple(lengths),
