@@ -69,7 +69,7 @@ from itertools import chain
 import numpy as np
 
 from megatron_dpsched.core.alignment import PipelineLayout
-from megatron_dpsched.core.balancing import peak_cost, rank_maxima, run_sums
+from megatron_dpsched.core.balancing import flat_ranks, peak_cost, rank_maxima, run_sums
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
 from megatron_dpsched.core.kk import differencing_pack, kk_deal, spread_pack
 from megatron_dpsched.core.ordering import PIPELINE_ORDERS, arrange_rows, arrangements, order_micro_batches
@@ -301,9 +301,9 @@ class StepTimer:
         a, b = model.seconds_per_token, model.seconds_per_token_pair
         planned = np.asarray(self.sizes, dtype=np.float64) if self._planned is None else self._planned
         values = a * planned + b * planned * planned
-        work = values.tolist()  # elementwise, as Python computes each
-        loads = [sum(map(work.__getitem__, chain.from_iterable(rank))) for rank in plan]
-        dearest = rank_maxima(plan, values)
+        counts, flat = flat_ranks(plan)
+        loads = run_sums(values.tolist(), flat, counts).tolist()  # Python's sum of each rank's work, plan order
+        dearest = rank_maxima(plan, values, flat=(counts, flat))
         by_work = sorted(range(len(plan)), key=lambda r: -loads[r])[:SCREEN_RANKS]
         by_sample = sorted(range(len(plan)), key=lambda r: (-dearest[r], -loads[r]))[:SCREEN_RANKS]
         return [plan[r] for r in dict.fromkeys(by_work + by_sample)]
