@@ -388,30 +388,32 @@ def _simulate_ranks(times: np.ndarray, layout: PipelineLayout, backward_factor: 
 def _op_slots(layout: PipelineLayout, count: int) -> tuple[tuple[tuple[int, int, int, int], ...], int, tuple[int, ...]]:
     """:func:`_op_sequence` with each op's end in a row (slot) of a table: every op as ``(its slot, the slot of
     its stage's previous op or 0, its dependency's slot or -1, duration index)``, the table's size and the slots
-    of the stages' last ops. An op's slot is free again once the ops that read it (its stage's next op and the
-    op that depends on it) have run; slot 0 holds zeros."""
+    of the stages' last ops. An op's slot is free again once the last op that reads it (its stage's next op or
+    the op that depends on it) has run; slot 0 holds zeros."""
     sequence = _op_sequence(layout, count)
-    readers = [0] * (2 * count * layout.pp_size * layout.vpp_size)
+    last_read = [-1] * (2 * count * layout.pp_size * layout.vpp_size + 1)  # where each op is read last
     previous = [-1] * layout.pp_size
-    for stage, op, dependency, _ in sequence:
-        for read in (previous[stage], dependency):
-            readers[read] += read >= 0
+    for position, (stage, op, dependency, _) in enumerate(sequence):
+        last_read[previous[stage]] = last_read[dependency] = position  # index -1: the spare last entry
         previous[stage] = op
-    finals = set(previous)  # read at the end: never freed
-    slot_of, free, size, steps = {-1: 0}, [], 1, []
+    for op in previous:  # the stages' last ops are read at the end
+        last_read[op] = len(sequence)
+    slot, free, size, steps = [0] * len(last_read), [], 1, []
     previous = [-1] * layout.pp_size
-    for stage, op, dependency, duration_index in sequence:
-        slot_of[op] = free.pop() if free else size
-        size = max(size, slot_of[op] + 1)
-        steps.append((slot_of[op], slot_of[previous[stage]], slot_of[dependency] if dependency >= 0 else -1,
+    for position, (stage, op, dependency, duration_index) in enumerate(sequence):
+        if free:
+            slot[op] = free.pop()
+        else:
+            slot[op], size = size, size + 1
+        before = previous[stage]
+        steps.append((slot[op], slot[before] if before >= 0 else 0, slot[dependency] if dependency >= 0 else -1,
                       duration_index))
-        for read in (previous[stage], dependency):
-            if read >= 0:
-                readers[read] -= 1
-                if not readers[read] and read not in finals:
-                    free.append(slot_of[read])
+        if before >= 0 and last_read[before] == position:
+            free.append(slot[before])
+        if dependency >= 0 and dependency != before and last_read[dependency] == position:
+            free.append(slot[dependency])
         previous[stage] = op
-    return tuple(steps), size, tuple(slot_of[op] for op in previous)
+    return tuple(steps), size, tuple(slot[op] for op in previous)
 
 
 @lru_cache(maxsize=256)
@@ -450,28 +452,22 @@ def _stage_steps(layout: PipelineLayout, count: int) -> tuple[tuple[_Step, ...],
     Op ``(kind, virtual stage k, micro-batch m)`` has id ``(is_backward * K + k) * M + m``; its duration
     is ``durations[is_backward * M + m]``.
     """
-    stages, last = layout.pp_size, layout.pp_size * layout.vpp_size - 1
-
-    def op_id(backward: bool, virtual: int, microbatch: int) -> int:
-        return (int(backward) * (last + 1) + virtual) * count + microbatch
-
+    stages, virtual_stages = layout.pp_size, layout.pp_size * layout.vpp_size
+    last = virtual_stages - 1
     plans = []
     for stage in range(stages):
         steps = []
         for kind, microbatch, chunk in _stage_op_order(layout, count, stage):
-            virtual, backward = chunk * stages + stage, kind == "B"
-            if not backward:
-                dependency = op_id(False, virtual - 1, microbatch) if virtual > 0 else -1
-            elif virtual == last:
-                dependency = op_id(False, virtual, microbatch)
-            else:
-                dependency = op_id(True, virtual + 1, microbatch)
-            crosses = dependency >= 0 and not (backward and virtual == last)
-            duration_index = int(backward) * count + microbatch
-            steps.append((op_id(backward, virtual, microbatch), dependency, crosses, duration_index))
+            virtual = chunk * stages + stage
+            if kind == "F":  # after the previous virtual stage's forward
+                op = virtual * count + microbatch
+                steps.append((op, op - count if virtual else -1, virtual > 0, microbatch))
+            else:  # after its own forward on the last virtual stage, else after the next virtual stage's backward
+                op = (virtual_stages + virtual) * count + microbatch
+                dependency = virtual * count + microbatch if virtual == last else op + count
+                steps.append((op, dependency, virtual != last, count + microbatch))
         plans.append(tuple(steps))
     return tuple(plans)
-
 
 def _simulate(
     times: tuple[float, ...], layout: PipelineLayout, backward_factor: float, latency: float, *, record: bool
