@@ -394,10 +394,6 @@ def rank_maxima(
 
 def flat_ranks(plan: list[RankPlan]) -> tuple[np.ndarray, np.ndarray]:
     """Each rank's sample count and every sample of ``plan``, rank by rank, in plan order."""
-    batches = list(chain.from_iterable(plan))
-    lengths = np.fromiter(map(len, batches), dtype=np.int64, count=len(batches))
-    ends = np.cumsum(np.fromiter(map(len, plan), dtype=np.int64, count=len(plan)))
-    filled = np.concatenate(([0], np.cumsum(lengths)))  # samples before each micro-batch
-    counts = filled[ends] - filled[np.concatenate(([0], ends[:-1]))]
-    flat = np.fromiter(chain.from_iterable(batches), dtype=np.int64, count=int(filled[-1]))
+    counts = np.fromiter(map(sum, map(map, [len] * len(plan), plan)), dtype=np.int64, count=len(plan))
+    flat = np.fromiter(chain.from_iterable(chain.from_iterable(plan)), dtype=np.int64, count=int(counts.sum()))
     return counts, flat

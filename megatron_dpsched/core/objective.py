@@ -61,6 +61,8 @@ Karmarkar-Karp deals do.
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property, partial
@@ -197,9 +199,7 @@ class StepTimer:
         ascending = by_rank + np.arange(0, ranks * count, count)[:, None]  # positions in ``batches``
         positions = np.stack([arrange_rows(ascending, order) for order in orders])
         times = self._flat_times(items, lengths)[positions.reshape(-1, count)]
-        model = self.config.step_time_model
-        assert model is not None
-        seconds = row_makespans(times, layout=self.config.layout, backward_factor=model.backward_factor)
+        seconds = self._row_seconds(times, lengths.reshape(ranks, count), items, orders)
         choice, chosen, settled = _choose_orders([seconds[k * ranks:(k + 1) * ranks] for k in range(len(orders))])
         flat = batch_array[positions[np.asarray(choice), np.arange(ranks)].ravel()].tolist()
         ordered = [flat[start:start + count] for start in range(0, len(flat), count)]
@@ -246,6 +246,31 @@ class StepTimer:
         tokens[counts == 0] = pairs[counts == 0] = 1.0
         return model.seconds_per_token * tokens + model.seconds_per_token_pair * pairs + model.seconds_per_microbatch
 
+    def _row_seconds(
+        self, times: np.ndarray, lengths: np.ndarray, items: np.ndarray, orders: Sequence[str]
+    ) -> list[float]:
+        """The makespan of every row of ``times`` (each order's ranks, order by order). Where every rank holds one
+        sample (``lengths``: per rank and micro-batch), its row is dummies but that sample's time at the same place
+        in every rank, so a rank's makespan in an order is a function of the sample's planned size: those timed
+        before, in this or an earlier step (:data:`_ONE_SAMPLE_SPANS`), are looked up, the rest simulated."""
+        model = self.config.step_time_model
+        assert model is not None and self._planned is not None
+        layout, backward = self.config.layout, model.backward_factor
+        ranks, count = lengths.shape
+        if not (lengths.max(initial=0) <= 1 and bool((lengths.sum(axis=1) == 1).all())
+                and self._planned[items].max(initial=0) < ONE_SAMPLE_LIMIT
+                and self._cost_array[items].min(initial=1.0) > 0):  # the sample runs after the dummies
+            return row_makespans(times, layout=layout, backward_factor=backward)
+        sizes = self._planned[items].astype(np.int64)  # each rank's sample's, rank by rank
+        table = _one_sample_table((layout, count, model, tuple(orders)), int(sizes.max()) + 1)
+        spans = table[:, sizes]
+        missing = np.flatnonzero(np.isnan(spans).any(axis=0))
+        if len(missing):
+            rows = times.reshape(len(orders), ranks, count)[:, missing].reshape(-1, count)
+            found = np.array(row_makespans(rows, layout=layout, backward_factor=backward)).reshape(len(orders), -1)
+            spans[:, missing] = table[:, sizes[missing]] = found
+        return spans.ravel().tolist()
+
     @staticmethod
     def _sort_batches(
         batches: list[list[int]], items: np.ndarray, lengths: np.ndarray
@@ -265,8 +290,13 @@ class StepTimer:
         return items, out
 
     def _cost_sums(self, items: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        """Python's sum of each micro-batch's costs (its samples end to end in ``items``, in that order): from the
-        few costs taken where these are a small share of the step's Python floats."""
+        """Python's sum of each micro-batch's costs (its samples end to end in ``items``, in that order): with at
+        most one sample each its cost (``0 + cost``) or 0; from the few costs taken where these are a small share of
+        the step's Python floats."""
+        if self._float_costs and int(lengths.max(initial=0)) <= 1:
+            sums = np.zeros(len(lengths))
+            sums[lengths > 0] = self._cost_array[items]
+            return sums
         if 4 * len(items) < len(self.costs) and self._float_costs:
             return run_sums(self._cost_array[items].tolist(), np.arange(len(items)), lengths)
         return run_sums(self.costs, items, lengths)
@@ -333,6 +363,31 @@ class StepTimer:
             tokens = sum(map(sizes.__getitem__, micro_batch))
             pairs = sum(map(self._squares.__getitem__, micro_batch))
         return model.seconds_per_token * tokens + model.seconds_per_token_pair * pairs + model.seconds_per_microbatch
+
+
+ONE_SAMPLE_LIMIT = 2**20
+""":meth:`StepTimer._row_seconds` keeps the makespans of ranks of one sample up to this planned size."""
+ONE_SAMPLE_TABLES = 8
+"""How many layouts, counts, models and orders :data:`_ONE_SAMPLE_SPANS` keeps (the latest used)."""
+_ONE_SAMPLE_SPANS: OrderedDict[tuple[object, ...], np.ndarray] = OrderedDict()
+"""Per (layout, count, step-time model, orders): the makespan of a rank of one sample in each order by the
+sample's planned size (NaN: not timed yet); shared by the steps of a schedule and by later schedules."""
+_ONE_SAMPLE_LOCK = threading.Lock()
+
+
+def _one_sample_table(key: tuple[object, ...], width: int) -> np.ndarray:
+    """:data:`_ONE_SAMPLE_SPANS`' table for ``key``, at least ``width`` sizes wide (made or widened with NaN)."""
+    with _ONE_SAMPLE_LOCK:
+        table = _ONE_SAMPLE_SPANS.pop(key, None)
+        if table is None or table.shape[1] < width:
+            wider = np.full((len(key[-1]), max(width, 0 if table is None else 2 * table.shape[1])), np.nan)  # type: ignore[arg-type]
+            if table is not None:
+                wider[:, :table.shape[1]] = table
+            table = wider
+        _ONE_SAMPLE_SPANS[key] = table
+        while len(_ONE_SAMPLE_SPANS) > ONE_SAMPLE_TABLES:
+            _ONE_SAMPLE_SPANS.popitem(last=False)
+        return table
 
 
 def _choose_orders(spans: list[list[float]]) -> tuple[list[int], list[float], frozenset[int]]:
