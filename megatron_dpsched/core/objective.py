@@ -177,10 +177,11 @@ class StepTimer:
                          settled=settled)
 
     def _rows_apply(self, plan: list[RankPlan]) -> bool:
-        """:meth:`_candidate_rows` applies: many ranks of one count, forward times exact in NumPy."""
+        """:meth:`_candidate_rows` applies: many ranks (or :data:`ROWS_MICRO_BATCHES` micro-batches) of one count,
+        forward times exact in NumPy."""
         count = len(plan[0])
-        return (len(plan) >= VECTOR_RANKS and not self.config.padded_rows and self._planned is not None
-                and all(len(rank) == count for rank in plan))
+        return ((len(plan) >= VECTOR_RANKS or len(plan) * count >= ROWS_MICRO_BATCHES) and not self.config.padded_rows
+                and self._planned is not None and all(len(rank) == count for rank in plan))
 
     def _candidate_rows(self, plan: list[RankPlan], orders: Sequence[str]) -> Candidate:
         """:meth:`candidate` of many ranks of one count at once with NumPy, the same plan and times: each rank's
@@ -201,8 +202,7 @@ class StepTimer:
         times = self._flat_times(items, lengths)[positions.reshape(-1, count)]
         seconds = self._row_seconds(times, lengths.reshape(ranks, count), items, orders)
         choice, chosen, settled = _choose_orders([seconds[k * ranks:(k + 1) * ranks] for k in range(len(orders))])
-        flat = batch_array[positions[np.asarray(choice), np.arange(ranks)].ravel()].tolist()
-        ordered = [flat[start:start + count] for start in range(0, len(flat), count)]
+        ordered = batch_array[positions[np.asarray(choice), np.arange(ranks)]].tolist()  # the lists themselves
         return Candidate(num_microbatches=count, seconds=max(chosen), plan=ordered, rank_seconds=chosen,
                          settled=settled)
 
@@ -210,16 +210,18 @@ class StepTimer:
         """Each rank's simulated makespan, its micro-batches run in the given order."""
         return self._makespans(ordered)
 
-    def sample_times(self) -> list[float]:
+    def sample_times(self, *, as_array: bool = False) -> Sequence[float]:
         """Each sample's forward time in the step-time model, without the per-micro-batch time (a micro-batch's
-        is their sum plus that, without ``padded_rows``)."""
+        is their sum plus that, without ``padded_rows``): a list, or with ``as_array`` the same values as a NumPy
+        array where they are computed in NumPy (exact planned sizes)."""
         model = self.config.step_time_model
         assert model is not None
         a, b = model.seconds_per_token, model.seconds_per_token_pair
         if self._planned is None:
             return [a * size + b * size * size for size in self.sizes]
         with np.errstate(over="ignore", invalid="ignore"):  # as Python floats: inf and nan, no warning
-            return (a * self._planned + b * self._planned * self._planned).tolist()  # elementwise, as Python
+            times = a * self._planned + b * self._planned * self._planned  # elementwise, as Python
+        return times if as_array else times.tolist()
 
     def _batch_times(self, ranks: list[RankPlan]) -> list[list[float]]:
         """:meth:`_forward_time` of every micro-batch of every rank; with many ranks in one NumPy pass when its
@@ -365,6 +367,9 @@ class StepTimer:
         return model.seconds_per_token * tokens + model.seconds_per_token_pair * pairs + model.seconds_per_microbatch
 
 
+ROWS_MICRO_BATCHES = 256
+""":meth:`StepTimer.candidate` times fewer than :data:`~megatron_dpsched.core.steptime.VECTOR_RANKS` ranks at once too
+where they hold this many micro-batches (a long pipeline schedule)."""
 ONE_SAMPLE_LIMIT = 2**20
 """:meth:`StepTimer._row_seconds` keeps the makespans of ranks of one sample up to this planned size."""
 ONE_SAMPLE_TABLES = 8
@@ -658,7 +663,7 @@ def cost_equal(chosen: Candidate, timer: StepTimer) -> Candidate:
         return chosen
     plan = list(chosen.plan)
     spans = timer.makespans(plan) if chosen.rank_seconds is None else list(chosen.rank_seconds)
-    times = timer.sample_times()
+    times = timer.sample_times(as_array=True)  # the costs of the few ranks repacked
     step, budget = 0.0, COST_EQUAL_SAMPLES
     for count, rank in enumerate(sorted(range(len(plan)), key=spans.__getitem__, reverse=True)):
         if spans[rank] <= step or (count >= COST_EQUAL_RANKS and budget <= 0):

@@ -371,7 +371,10 @@ def _simulate_ranks(times: np.ndarray, layout: PipelineLayout, backward_factor: 
     of a small table, reused once the op's readers have run (:func:`_op_slots`)."""
     count = times.shape[1]
     share = 1.0 / (layout.pp_size * layout.vpp_size)
-    durations = np.concatenate((times * share, backward_factor * times * share), axis=1).T.copy()
+    durations = np.empty((2 * count, times.shape[0]))  # forward then backward ops' durations, one row each
+    np.multiply(times.T, share, out=durations[:count])
+    np.multiply(times.T, backward_factor, out=durations[count:])
+    durations[count:] *= share  # (backward_factor * time) * share, as the one-rank simulation
     steps, size, finals = _op_slots(layout, count)
     end = np.zeros((size, times.shape[0]))  # row 0: zeros, when a stage is free before its first op
     rows, spans, scratch = list(end), list(durations), np.empty(times.shape[0])

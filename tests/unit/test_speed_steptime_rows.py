@@ -67,6 +67,20 @@ def test_many_ranks_order_and_time_as_rank_by_rank(monkeypatch: pytest.MonkeyPat
     assert plan == before  # the input plan is left as it was
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_few_ranks_of_many_micro_batches_order_and_time_as_rank_by_rank(monkeypatch: pytest.MonkeyPatch,
+                                                                       seed: int) -> None:
+    rng = random.Random(seed)
+    timer, _ = random_case(rng)
+    count, ranks = timer.config.layout.align(rng.randint(80, 300)), rng.randint(1, 3)
+    sizes = [rng.choice((1, 512, rng.randint(1, 4096))) for _ in range(2 * count * ranks)]
+    timer = StepTimer(sizes=sizes, costs=[float(s) for s in sizes], config=timer.config)
+    pool = iter(rng.sample(range(len(sizes)), len(sizes)))
+    plan = [[[next(pool) for _ in range(rng.randint(0, 2))] for _ in range(count)] for _ in range(ranks)]
+    assert timer._rows_apply(plan) == (ranks * count >= objective.ROWS_MICRO_BATCHES)
+    assert timer.candidate(plan) == rank_by_rank(timer, plan, monkeypatch)
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_cost_equal_from_the_candidates_makespans_as_from_a_fresh_simulation(seed: int) -> None:
     timer, plan = random_case(random.Random(seed))
