@@ -30,25 +30,17 @@ def _join(a: _Part, b: _Part) -> _Part:
 def reference_pack(
     items: Sequence[int], *, sizes: Sequence[int], costs: Sequence[float], cap: int, num_bins: int
 ) -> list[list[int]] | None:
-    """``items`` in exactly ``num_bins`` micro-batches of near-equal summed ``costs`` (largest differencing),
-    each holding at most ``cap`` tokens of ``sizes`` or a single sample past the cap; ``None`` when the
-    differencing finds no such packing or would leave a micro-batch empty while there are at least
-    ``num_bins`` samples. Costs must be positive; micro-batches are sorted by sample id, dearest first."""
-    assert num_bins >= 1
-    oversize = [i for i in items if sizes[i] > cap]
-    rest = [i for i in items if sizes[i] <= cap]
-    ways = num_bins - len(oversize)
-    if ways < 0 or (ways == 0 and rest):
+    """The differencing before issue 28: samples past the cap alone, the rest in the other micro-batches by
+    :func:`_difference` (``None`` where it fails, or where a micro-batch stays empty with ``num_bins`` samples)."""
+    alone = [[i] for i in items if sizes[i] > cap]
+    ways, rest = num_bins - len(alone), [i for i in items if sizes[i] <= cap]
+    if ways < 0 or (rest and not ways):
         return None
-    bins = [[i] for i in oversize]
-    if ways:
-        parts = _difference(rest, sizes=sizes, costs=costs, cap=cap, ways=ways)
-        if parts is None:
-            return None
-        bins += [sorted(part[2]) for part in parts]
-    if len(items) >= num_bins and any(not b for b in bins):
+    parts = _difference(rest, sizes=sizes, costs=costs, cap=cap, ways=ways) if ways else []
+    if parts is None:
         return None
-    return bins
+    bins = alone + [sorted(part[2]) for part in parts]
+    return None if len(items) >= num_bins and not all(bins) else bins
 
 
 def _difference(
