@@ -76,7 +76,7 @@ from megatron_dpsched.core.config import RankPlan, ScheduleConfig
 from megatron_dpsched.core.kk import differencing_pack, kk_deal, spread_pack
 from megatron_dpsched.core.ordering import PIPELINE_ORDERS, arrange_rows, arrangements, order_micro_batches
 from megatron_dpsched.core.packing import pack_ranks
-from megatron_dpsched.core.steptime import VECTOR_RANKS, rank_makespans, row_makespans
+from megatron_dpsched.core.steptime import VECTOR_RANKS, StepTimeModel, rank_makespans, row_makespans
 
 STEP_TIME_TOLERANCE = 0.005
 """Among candidates within this share of the fastest, the one with the fewest micro-batches wins (small: a plan
@@ -157,7 +157,7 @@ class StepTimer:
 
     def candidate(self, plan: list[RankPlan]) -> Candidate:
         """``plan`` in run order with the slowest rank's simulated makespan: step 6's order, or with
-        ``pp_size > 1`` and order ``"pipeline"`` the fastest order of each rank (:meth:`_choose_orders`)."""
+        ``pp_size > 1`` and order ``"pipeline"`` the fastest order of each rank (:func:`_choose_orders`)."""
         order = self.config.microbatch_order
         if order not in PIPELINE_ORDERS:
             ordered = [order_micro_batches(rank, self.costs, order) for rank in plan]
@@ -374,18 +374,19 @@ ONE_SAMPLE_LIMIT = 2**20
 """:meth:`StepTimer._row_seconds` keeps the makespans of ranks of one sample up to this planned size."""
 ONE_SAMPLE_TABLES = 8
 """How many layouts, counts, models and orders :data:`_ONE_SAMPLE_SPANS` keeps (the latest used)."""
-_ONE_SAMPLE_SPANS: OrderedDict[tuple[object, ...], np.ndarray] = OrderedDict()
+_OneSampleKey = tuple[PipelineLayout, int, StepTimeModel, tuple[str, ...]]
+_ONE_SAMPLE_SPANS: OrderedDict[_OneSampleKey, np.ndarray] = OrderedDict()
 """Per (layout, count, step-time model, orders): the makespan of a rank of one sample in each order by the
 sample's planned size (NaN: not timed yet); shared by the steps of a schedule and by later schedules."""
 _ONE_SAMPLE_LOCK = threading.Lock()
 
 
-def _one_sample_table(key: tuple[object, ...], width: int) -> np.ndarray:
+def _one_sample_table(key: _OneSampleKey, width: int) -> np.ndarray:
     """:data:`_ONE_SAMPLE_SPANS`' table for ``key``, at least ``width`` sizes wide (made or widened with NaN)."""
     with _ONE_SAMPLE_LOCK:
         table = _ONE_SAMPLE_SPANS.pop(key, None)
         if table is None or table.shape[1] < width:
-            wider = np.full((len(key[-1]), max(width, 0 if table is None else 2 * table.shape[1])), np.nan)  # type: ignore[arg-type]
+            wider = np.full((len(key[3]), max(width, 0 if table is None else 2 * table.shape[1])), np.nan)
             if table is not None:
                 wider[:, :table.shape[1]] = table
             table = wider
