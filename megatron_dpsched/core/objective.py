@@ -179,9 +179,8 @@ class StepTimer:
     def _rows_apply(self, plan: list[RankPlan]) -> bool:
         """:meth:`_candidate_rows` applies: many ranks (or :data:`ROWS_MICRO_BATCHES` micro-batches) of one count,
         forward times exact in NumPy."""
-        count = len(plan[0])
-        return ((len(plan) >= VECTOR_RANKS or len(plan) * count >= ROWS_MICRO_BATCHES) and not self.config.padded_rows
-                and self._planned is not None and all(len(rank) == count for rank in plan))
+        return ((len(plan) >= VECTOR_RANKS or len(plan) * len(plan[0]) >= ROWS_MICRO_BATCHES)
+                and not self.config.padded_rows and self._planned is not None and len(set(map(len, plan))) == 1)
 
     def _candidate_rows(self, plan: list[RankPlan], orders: Sequence[str]) -> Candidate:
         """:meth:`candidate` of many ranks of one count at once with NumPy, the same plan and times: each rank's
@@ -306,7 +305,7 @@ class StepTimer:
     @cached_property
     def _float_costs(self) -> bool:
         """Every cost is a Python float (:attr:`_cost_array` gives them back bit for bit)."""
-        return all(type(cost) is float for cost in self.costs)
+        return set(map(type, self.costs)) == {float}
 
     @cached_property
     def _cost_array(self) -> np.ndarray:
