@@ -656,8 +656,9 @@ def cost_equal(chosen: Candidate, timer: StepTimer) -> Candidate:
     its fastest order, :meth:`StepTimer.candidate`); the result only when its step is faster than
     ``chosen``'s by more than that margin, else ``chosen``. Ranks are repacked until
     :data:`COST_EQUAL_SAMPLES` samples are (at least :data:`COST_EQUAL_RANKS` ranks; the step is then the slowest
-    of them and the ranks left as they were). With one stage a rank's
-    time is the sum of its micro-batches', which no packing of the same samples changes."""
+    of them and the ranks left as they were). A rank already in its fastest order with at most one sample per
+    micro-batch is kept without repacking (:func:`_dealt_alike`: the packing would deal it the same micro-batches).
+    With one stage a rank's time is the sum of its micro-batches', which no packing of the same samples changes."""
     config = timer.config
     if config.pp_size == 1 or config.padded_rows:
         return chosen
