@@ -367,7 +367,7 @@ PEAK_VECTOR_RANKS = 64
 def _peak_candidates(plan: list[RankPlan], costs: Sequence[float]) -> Sequence[int]:
     """The ranks whose NumPy-summed cost is within the summation error of the largest: the costliest by
     Python's ``sum`` is among them (costs non-negative and finite, else all ranks)."""
-    counts, flat = _flat_ranks(plan)
+    counts, flat = flat_ranks(plan)
     values = np.asarray(costs, dtype=np.float64)
     if not values.size or not values.min() >= 0:
         return range(len(plan))
@@ -379,9 +379,12 @@ def _peak_candidates(plan: list[RankPlan], costs: Sequence[float]) -> Sequence[i
     return np.flatnonzero(totals >= peak * (1 - slack)).tolist()
 
 
-def rank_maxima(plan: list[RankPlan], values: np.ndarray) -> list[float]:
-    """Each rank's largest ``values[i]`` over its samples ``i`` (0.0 for a rank without samples)."""
-    counts, flat = _flat_ranks(plan)
+def rank_maxima(
+    plan: list[RankPlan], values: np.ndarray, *, flat: tuple[np.ndarray, np.ndarray] | None = None
+) -> list[float]:
+    """Each rank's largest ``values[i]`` over its samples ``i`` (0.0 for a rank without samples); ``flat``:
+    :func:`flat_ranks` of ``plan`` where known."""
+    counts, flat = flat_ranks(plan) if flat is None else flat
     maxima = np.zeros(len(plan))
     filled = counts > 0
     if flat.size:  # each non-empty rank's samples run from its start to the next non-empty rank's
@@ -389,8 +392,8 @@ def rank_maxima(plan: list[RankPlan], values: np.ndarray) -> list[float]:
     return maxima.tolist()
 
 
-def _flat_ranks(plan: list[RankPlan]) -> tuple[np.ndarray, np.ndarray]:
+def flat_ranks(plan: list[RankPlan]) -> tuple[np.ndarray, np.ndarray]:
     """Each rank's sample count and every sample of ``plan``, rank by rank, in plan order."""
-    counts = np.fromiter((sum(map(len, rank)) for rank in plan), dtype=np.int64, count=len(plan))
+    counts = np.fromiter(map(sum, map(map, [len] * len(plan), plan)), dtype=np.int64, count=len(plan))
     flat = np.fromiter(chain.from_iterable(chain.from_iterable(plan)), dtype=np.int64, count=int(counts.sum()))
     return counts, flat

@@ -24,17 +24,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-_Part = tuple[float, int, tuple[int, ...]]
-"""One part of a partial partition: its summed cost, its tokens and its samples (a plain tuple: the merges
-build millions of them on 1M-sample steps)."""
-
-_EMPTY: _Part = (0.0, 0, ())
-
-
-def _join(a: _Part, b: _Part) -> _Part:
-    """The part holding both parts' samples."""
-    return (a[0] + b[0], a[1] + b[1], a[2] + b[2])
-
 
 def differencing_pack(
     items: Sequence[int], *, sizes: Sequence[int], costs: Sequence[float], cap: int, num_bins: int
@@ -42,7 +31,8 @@ def differencing_pack(
     """``items`` in exactly ``num_bins`` micro-batches of near-equal summed ``costs`` (largest differencing),
     each holding at most ``cap`` tokens of ``sizes`` or a single sample past the cap; ``None`` when the
     differencing finds no such packing or would leave a micro-batch empty while there are at least
-    ``num_bins`` samples. Costs must be positive; micro-batches are sorted by sample id, dearest first."""
+    ``num_bins`` samples. Costs must be positive (and exact as float64); micro-batches are sorted by sample id,
+    dearest first."""
     assert num_bins >= 1
     oversize = [i for i in items if sizes[i] > cap]
     rest = [i for i in items if sizes[i] <= cap]
@@ -51,64 +41,117 @@ def differencing_pack(
         return None
     bins = [[i] for i in oversize]
     if ways:
-        parts = _difference(rest, sizes=sizes, costs=costs, cap=cap, ways=ways)
+        parts = _Differencing(rest, sizes=sizes, costs=costs, cap=cap, ways=ways).parts()
         if parts is None:
             return None
-        bins += [sorted(part[2]) for part in parts]
+        bins += parts
     if len(items) >= num_bins and any(not b for b in bins):
         return None
     return bins
 
 
-def _difference(
-    items: Sequence[int], *, sizes: Sequence[int], costs: Sequence[float], cap: int, ways: int
-) -> list[_Part] | None:
-    """The ``ways`` parts of the last partition (dearest first), or ``None`` when a merge cannot keep the cap."""
-    heap: list[tuple[float, int, list[_Part]]] = []
-    for item in items:
-        parts = [(costs[item], sizes[item], (item,))] + [_EMPTY] * (ways - 1)
-        heap.append((-costs[item], item, parts))
-    if not heap:
-        return [_EMPTY] * ways
-    heapq.heapify(heap)
-    tie = len(sizes)  # merged partitions order after every single sample of the same spread
-    while len(heap) > 1:
-        _, _, first = heapq.heappop(heap)
-        _, _, second = heapq.heappop(heap)
-        merged = _merge(first, second, cap=cap)
-        if merged is None:
-            return None
-        heapq.heappush(heap, (merged[-1][0] - merged[0][0], tie, merged))
-        tie += 1
-    return heap[0][2]
+class _Partition:
+    """A partial partition of :func:`differencing_pack`: its ``ways`` parts dearest first (ties: the part whose
+    first sample comes first, an empty part before any), as arrays of summed cost, tokens and first sample (-1:
+    empty); ``node`` names it in the merge record of :class:`_Differencing`."""
+
+    __slots__ = ("cost", "tokens", "first", "node")
+
+    def __init__(self, cost: np.ndarray, tokens: np.ndarray, first: np.ndarray, node: int) -> None:
+        self.cost, self.tokens, self.first, self.node = cost, tokens, first, node
 
 
-def _merge(first: list[_Part], second: list[_Part], *, cap: int) -> list[_Part] | None:
-    """Two partitions (each dearest first) merged part by part, dearest with cheapest; under the cap, else
-    :func:`_merge_capped`. The result is dearest first."""
-    merged = [(a[0] + b[0], a[1] + b[1], a[2] + b[2]) for a, b in zip(first, reversed(second))]
-    if any(part[1] > cap for part in merged):
-        merged = _merge_capped(first, second, cap=cap)
-        if merged is None:
-            return None
-    return sorted(merged, key=_dearest_first)
+class _Differencing:
+    """The ``ways``-way largest differencing of ``items`` under the cap: each merge in one NumPy pass over the
+    parts; which samples a part holds is resolved once at the end from the merges (node ``k < len(items)``: item
+    ``k`` alone in part 0; node ``len(items) + m``: merge ``m``, its part ``i`` the join of its first partition's
+    part ``p[i]`` and its second's part ``q[i]``)."""
 
+    def __init__(self, items: Sequence[int], *, sizes: Sequence[int], costs: Sequence[float], cap: int,
+                 ways: int) -> None:
+        self.items, self.sizes, self.costs, self.cap, self.ways = list(items), sizes, costs, cap, ways
+        self.merges: list[tuple[int, int, np.ndarray, np.ndarray]] = []
 
-def _dearest_first(part: _Part) -> tuple[float, tuple[int, ...]]:
-    return -part[0], part[2]
+    def parts(self) -> list[list[int]] | None:
+        """The samples of each part of the last partition (dearest first, each sorted), or ``None`` when a merge
+        cannot keep the cap. Partitions merge in order of spread, largest first (ties: single samples by id,
+        then merges in the order made)."""
+        if not self.items:
+            return [[] for _ in range(self.ways)]
+        heap = [(-self.costs[item], item, k) for k, item in enumerate(self.items)]
+        heapq.heapify(heap)
+        pending: dict[int, _Partition] = {}
+        tie = len(self.sizes)  # merged partitions order after every single sample of the same spread
+        while len(heap) > 1:
+            first, second = (pending.pop(k) if k in pending else self._leaf(k) for k in
+                             (heapq.heappop(heap)[2], heapq.heappop(heap)[2]))
+            merged = self._merge(first, second)
+            if merged is None:
+                return None
+            pending[merged.node] = merged
+            heapq.heappush(heap, (float(merged.cost[-1] - merged.cost[0]), tie, merged.node))
+            tie += 1
+        return self._resolve(heap[0][2])
 
+    def _leaf(self, k: int) -> _Partition:
+        item, ways = self.items[k], self.ways
+        cost, tokens, first = np.zeros(ways), np.zeros(ways, dtype=np.int64), np.full(ways, -1, dtype=np.int64)
+        cost[0], tokens[0], first[0] = self.costs[item], self.sizes[item], item
+        return _Partition(cost, tokens, first, k)
 
-def _merge_capped(first: list[_Part], second: list[_Part], *, cap: int) -> list[_Part] | None:
-    """The parts of ``first`` with the most tokens first, each joined with the cheapest unused part of
-    ``second`` it fits with; ``None`` if one fits with none."""
-    unused = sorted(second)  # by cost, tokens, samples
-    merged = []
-    for part in sorted(first, key=lambda part: (-part[1], -part[0], part[2])):
-        match = next((j for j, other in enumerate(unused) if part[1] + other[1] <= cap), None)
-        if match is None:
-            return None
-        merged.append(_join(part, unused.pop(match)))
-    return merged
+    def _merge(self, a: _Partition, b: _Partition) -> _Partition | None:
+        """``a``'s parts joined with ``b``'s, dearest with cheapest; under the cap, else :meth:`_capped`."""
+        p, q = np.arange(self.ways), np.arange(self.ways - 1, -1, -1)
+        if bool((a.tokens + b.tokens[q] > self.cap).any()):
+            pairs = self._capped(a, b)
+            if pairs is None:
+                return None
+            p, q = pairs
+        cost, tokens = a.cost[p] + b.cost[q], a.tokens[p] + b.tokens[q]
+        first = np.where(a.first[p] >= 0, a.first[p], b.first[q])
+        order = np.lexsort((first, -cost))
+        self.merges.append((a.node, b.node, p[order], q[order]))
+        return _Partition(cost[order], tokens[order], first[order], len(self.items) + len(self.merges) - 1)
+
+    def _capped(self, a: _Partition, b: _Partition) -> tuple[np.ndarray, np.ndarray] | None:
+        """The parts of ``a`` with the most tokens first (ties: dearer, then first sample), each paired with the
+        cheapest unused part of ``b`` it fits with (ties: fewer tokens, then first sample); ``None`` if one fits
+        with none. As ``a``'s parts come with ever more room, the parts of ``b`` that fit only grow: a heap of
+        them by their place in the cheapest-first order yields each pairing."""
+        unused = np.lexsort((b.first, b.tokens, b.cost))  # place -> part of b
+        by_tokens = np.argsort(b.tokens[unused], kind="stable")  # places, fewest tokens first
+        tokens, places = b.tokens[unused][by_tokens].tolist(), by_tokens.tolist()
+        p = np.lexsort((a.first, -a.cost, -a.tokens))
+        fits: list[int] = []
+        q, added = [], 0
+        for room in (self.cap - a.tokens[p]).tolist():
+            while added < len(tokens) and tokens[added] <= room:
+                heapq.heappush(fits, places[added])
+                added += 1
+            if not fits:
+                return None
+            q.append(heapq.heappop(fits))
+        return p, unused[q]
+
+    def _resolve(self, root: int) -> list[list[int]]:
+        """Each final part's samples in index order, from the merge record (labels pushed down from the root)."""
+        count = len(self.items)
+        owner = np.empty(count, dtype=np.int64)
+        stack = [(root, np.arange(self.ways))]
+        while stack:
+            node, labels = stack.pop()
+            if node < count:
+                owner[node] = labels[0]
+                continue
+            first, second, p, q = self.merges[node - count]
+            first_labels, second_labels = np.empty_like(labels), np.empty_like(labels)
+            first_labels[p], second_labels[q] = labels, labels
+            stack += [(first, first_labels), (second, second_labels)]
+        ids = np.asarray(self.items, dtype=np.int64)
+        by_part = np.lexsort((ids, owner))
+        bounds = np.searchsorted(owner[by_part], np.arange(self.ways + 1)).tolist()
+        flat = ids[by_part].tolist()
+        return [flat[bounds[w]:bounds[w + 1]] for w in range(self.ways)]
 
 
 def kk_deal(

@@ -61,20 +61,22 @@ Karmarkar-Karp deals do.
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, partial
 from itertools import chain
 
 import numpy as np
 
 from megatron_dpsched.core.alignment import PipelineLayout
-from megatron_dpsched.core.balancing import peak_cost, rank_maxima
+from megatron_dpsched.core.balancing import flat_ranks, peak_cost, rank_maxima, run_sums
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
 from megatron_dpsched.core.kk import differencing_pack, kk_deal, spread_pack
-from megatron_dpsched.core.ordering import PIPELINE_ORDERS, arrangements, order_micro_batches
+from megatron_dpsched.core.ordering import PIPELINE_ORDERS, arrange_rows, arrangements, order_micro_batches
 from megatron_dpsched.core.packing import pack_ranks
-from megatron_dpsched.core.steptime import VECTOR_RANKS, rank_makespans
+from megatron_dpsched.core.steptime import VECTOR_RANKS, StepTimeModel, rank_makespans, row_makespans
 
 STEP_TIME_TOLERANCE = 0.005
 """Among candidates within this share of the fastest, the one with the fewest micro-batches wins (small: a plan
@@ -139,6 +141,10 @@ class Candidate:
     num_microbatches: int
     seconds: float
     plan: list[RankPlan]
+    rank_seconds: list[float] | None = None
+    """Each rank's simulated makespan in ``plan``'s order (``None`` where not simulated: a screen's candidate)."""
+    settled: frozenset[int] = frozenset()
+    """The ranks that run the fastest of the orders timed (:func:`_choose_orders`; with one order, every rank)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,77 +157,159 @@ class StepTimer:
 
     def candidate(self, plan: list[RankPlan]) -> Candidate:
         """``plan`` in run order with the slowest rank's simulated makespan: step 6's order, or with
-        ``pp_size > 1`` and order ``"pipeline"`` the fastest order of each rank (:meth:`_choose_orders`)."""
+        ``pp_size > 1`` and order ``"pipeline"`` the fastest order of each rank (:func:`_choose_orders`)."""
         order = self.config.microbatch_order
         if order not in PIPELINE_ORDERS:
             ordered = [order_micro_batches(rank, self.costs, order) for rank in plan]
-            return Candidate(num_microbatches=len(plan[0]), seconds=max(self._makespans(ordered)), plan=ordered)
-        choosing = self.config.pp_size > 1 and order == PIPELINE_ORDERS[0]
-        arranged = [arrangements(rank, self.costs, PIPELINE_ORDERS if choosing else (order,)) for rank in plan]
+            spans = self._makespans(ordered)
+            return Candidate(num_microbatches=len(plan[0]), seconds=max(spans), plan=ordered, rank_seconds=spans,
+                             settled=frozenset(range(len(plan))))
+        orders = PIPELINE_ORDERS if self.config.pp_size > 1 and order == PIPELINE_ORDERS[0] else (order,)
+        if self._rows_apply(plan):
+            return self._candidate_rows(plan, orders)
+        arranged = [arrangements(rank, self.costs, orders) for rank in plan]
         times = self._batch_times([batches for batches, _ in arranged])
-        ordered = [[batches[b] for b in positions[0]] for batches, positions in arranged]
-        spans = self._spans([tuple(map(rank_times.__getitem__, positions[0]))
-                             for rank_times, (_, positions) in zip(times, arranged)])
-        if choosing:
-            self._choose_orders(ordered, spans, arranged, times)
-        return Candidate(num_microbatches=len(plan[0]), seconds=max(spans), plan=ordered)
+        spans = [self._spans([tuple(map(rank_times.__getitem__, positions[k]))
+                              for rank_times, (_, positions) in zip(times, arranged)]) for k in range(len(orders))]
+        choice, chosen, settled = _choose_orders(spans)
+        ordered = [[batches[b] for b in positions[k]] for k, (batches, positions) in zip(choice, arranged)]
+        return Candidate(num_microbatches=len(plan[0]), seconds=max(chosen), plan=ordered, rank_seconds=chosen,
+                         settled=settled)
 
-    def _choose_orders(
-        self, ordered: list[RankPlan], spans: list[float], arranged: list[tuple[RankPlan, list[list[int]]]],
-        times: list[list[float]],
-    ) -> None:
-        """In place: ranks from the slowest, each in the fastest of
-        :data:`~megatron_dpsched.core.ordering.PIPELINE_ORDERS` (step 6's unless another is faster by more
-        than :data:`ORDER_MARGIN`), until the next rank's makespan cannot be the step time. ``arranged``: each
-        rank's micro-batches and their positions in every order; ``times``: their forward times."""
-        others = [self._spans([tuple(map(rank_times.__getitem__, positions[k])) for rank_times, (_, positions)
-                               in zip(times, arranged)]) for k in range(1, len(PIPELINE_ORDERS))]
-        step = 0.0
-        for rank in sorted(range(len(ordered)), key=lambda r: -spans[r]):
-            if spans[rank] <= step:
-                break
-            batches, positions = arranged[rank]
-            for k in range(1, len(PIPELINE_ORDERS)):
-                seconds = others[k - 1][rank]
-                if seconds < spans[rank] * (1 - ORDER_MARGIN):
-                    ordered[rank], spans[rank] = [batches[b] for b in positions[k]], seconds
-            step = max(step, spans[rank])
+    def _rows_apply(self, plan: list[RankPlan]) -> bool:
+        """:meth:`_candidate_rows` applies: many ranks (or :data:`ROWS_MICRO_BATCHES` micro-batches) of one count,
+        forward times exact in NumPy."""
+        return ((len(plan) >= VECTOR_RANKS or len(plan) * len(plan[0]) >= ROWS_MICRO_BATCHES)
+                and not self.config.padded_rows and self._planned is not None and len(set(map(len, plan))) == 1)
+
+    def _candidate_rows(self, plan: list[RankPlan], orders: Sequence[str]) -> Candidate:
+        """:meth:`candidate` of many ranks of one count at once with NumPy, the same plan and times: each rank's
+        micro-batches sorted by (Python's sum of their costs in sample order, first sample) in one sort, arranged
+        in every order by index arithmetic, and every rank in every order simulated in one pass."""
+        ranks, count = len(plan), len(plan[0])
+        batches = list(chain.from_iterable(plan))
+        lengths = np.fromiter(map(len, batches), dtype=np.int64, count=len(batches))
+        items = np.fromiter(chain.from_iterable(batches), dtype=np.int64, count=int(lengths.sum()))
+        items, batch_array = self._sort_batches(batches, items, lengths)
+        filled = lengths > 0
+        firsts = np.full(len(batches), -1, dtype=np.int64)  # an empty micro-batch sorts before any of equal cost
+        firsts[filled] = items[(np.cumsum(lengths) - lengths)[filled]]
+        keys = self._cost_sums(items, lengths)
+        by_rank = np.lexsort((firsts.reshape(ranks, count), keys.reshape(ranks, count)), axis=1)
+        ascending = by_rank + np.arange(0, ranks * count, count)[:, None]  # positions in ``batches``
+        positions = np.stack([arrange_rows(ascending, order) for order in orders])
+        times = self._flat_times(items, lengths)[positions.reshape(-1, count)]
+        seconds = self._row_seconds(times, lengths.reshape(ranks, count), items, orders)
+        choice, chosen, settled = _choose_orders([seconds[k * ranks:(k + 1) * ranks] for k in range(len(orders))])
+        ordered = batch_array[positions[np.asarray(choice), np.arange(ranks)]].tolist()  # the lists themselves
+        return Candidate(num_microbatches=count, seconds=max(chosen), plan=ordered, rank_seconds=chosen,
+                         settled=settled)
 
     def makespans(self, ordered: list[RankPlan]) -> list[float]:
         """Each rank's simulated makespan, its micro-batches run in the given order."""
         return self._makespans(ordered)
 
-    def sample_times(self) -> list[float]:
+    def sample_times(self, *, as_array: bool = False) -> Sequence[float]:
         """Each sample's forward time in the step-time model, without the per-micro-batch time (a micro-batch's
-        is their sum plus that, without ``padded_rows``)."""
+        is their sum plus that, without ``padded_rows``): a list, or with ``as_array`` the same values as a NumPy
+        array where they are computed in NumPy (exact planned sizes)."""
         model = self.config.step_time_model
         assert model is not None
         a, b = model.seconds_per_token, model.seconds_per_token_pair
         if self._planned is None:
             return [a * size + b * size * size for size in self.sizes]
         with np.errstate(over="ignore", invalid="ignore"):  # as Python floats: inf and nan, no warning
-            return (a * self._planned + b * self._planned * self._planned).tolist()  # elementwise, as Python
+            times = a * self._planned + b * self._planned * self._planned  # elementwise, as Python
+        return times if as_array else times.tolist()
 
-    @np.errstate(over="ignore", invalid="ignore")  # as Python floats: inf and nan, no warning
     def _batch_times(self, ranks: list[RankPlan]) -> list[list[float]]:
         """:meth:`_forward_time` of every micro-batch of every rank; with many ranks in one NumPy pass when its
         token and pair sums are exact in floating point (as Python's integer sums are)."""
         if len(ranks) < VECTOR_RANKS or self.config.padded_rows or self._planned is None:
             return [[self._forward_time(mb) for mb in rank] for rank in ranks]
-        model = self.config.step_time_model
-        assert model is not None
         batches = list(chain.from_iterable(ranks))
         counts = np.fromiter(map(len, batches), dtype=np.int64, count=len(batches))
         items = np.fromiter(chain.from_iterable(batches), dtype=np.int64, count=int(counts.sum()))
-        owner = np.repeat(np.arange(len(batches)), counts)
-        planned = self._planned[items]
-        tokens = np.bincount(owner, weights=planned, minlength=len(batches))
-        pairs = np.bincount(owner, weights=planned * planned, minlength=len(batches))
-        tokens[counts == 0] = pairs[counts == 0] = 1.0
-        seconds = (model.seconds_per_token * tokens + model.seconds_per_token_pair * pairs
-                   + model.seconds_per_microbatch).tolist()
+        seconds = self._flat_times(items, counts).tolist()
         bounds = np.cumsum([len(rank) for rank in ranks]).tolist()
         return [seconds[a:b] for a, b in zip([0, *bounds[:-1]], bounds)]
+
+    @np.errstate(over="ignore", invalid="ignore")  # as Python floats: inf and nan, no warning
+    def _flat_times(self, items: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """The forward time of each micro-batch laid end to end in ``items`` (``counts``: their sample counts), in
+        one NumPy pass (its sums of planned sizes and their squares are exact)."""
+        model, planned = self.config.step_time_model, self._planned
+        assert model is not None and planned is not None
+        owner = np.repeat(np.arange(len(counts)), counts)
+        sizes = planned[items]
+        tokens = np.bincount(owner, weights=sizes, minlength=len(counts))
+        pairs = np.bincount(owner, weights=sizes * sizes, minlength=len(counts))
+        tokens[counts == 0] = pairs[counts == 0] = 1.0
+        return model.seconds_per_token * tokens + model.seconds_per_token_pair * pairs + model.seconds_per_microbatch
+
+    def _row_seconds(
+        self, times: np.ndarray, lengths: np.ndarray, items: np.ndarray, orders: Sequence[str]
+    ) -> list[float]:
+        """The makespan of every row of ``times`` (each order's ranks, order by order). Where every rank holds one
+        sample (``lengths``: per rank and micro-batch), its row is dummies but that sample's time at the same place
+        in every rank, so a rank's makespan in an order is a function of the sample's planned size: those timed
+        before, in this or an earlier step (:data:`_ONE_SAMPLE_SPANS`), are looked up, the rest simulated."""
+        model = self.config.step_time_model
+        assert model is not None and self._planned is not None
+        layout, backward = self.config.layout, model.backward_factor
+        ranks, count = lengths.shape
+        if not (lengths.max(initial=0) <= 1 and bool((lengths.sum(axis=1) == 1).all())
+                and self._planned[items].max(initial=0) < ONE_SAMPLE_LIMIT
+                and self._cost_array[items].min(initial=1.0) > 0):  # the sample runs after the dummies
+            return row_makespans(times, layout=layout, backward_factor=backward)
+        sizes = self._planned[items].astype(np.int64)  # each rank's sample's, rank by rank
+        table = _one_sample_table((layout, count, model, tuple(orders)), int(sizes.max()) + 1)
+        spans = table[:, sizes]
+        missing = np.flatnonzero(np.isnan(spans).any(axis=0))
+        if len(missing):
+            rows = times.reshape(len(orders), ranks, count)[:, missing].reshape(-1, count)
+            found = np.array(row_makespans(rows, layout=layout, backward_factor=backward)).reshape(len(orders), -1)
+            spans[:, missing] = table[:, sizes[missing]] = found
+        return spans.ravel().tolist()
+
+    @staticmethod
+    def _sort_batches(
+        batches: list[list[int]], items: np.ndarray, lengths: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``items`` (the micro-batches' samples end to end) with each micro-batch's samples in index order, and the
+        micro-batches as sorted lists (an object array): ``batches`` themselves where each is in order, else new
+        lists made from the sorted samples, those of one length at a time."""
+        owners = np.repeat(np.arange(len(batches)), lengths)
+        if not bool(((items[1:] < items[:-1]) & (owners[1:] == owners[:-1])).any()):
+            return items, np.fromiter(batches, dtype=object, count=len(batches))
+        items = items[np.argsort(owners * (int(items.max()) + 1) + items, kind="stable")]
+        starts, out = np.cumsum(lengths) - lengths, np.empty(len(batches), dtype=object)
+        for length in np.unique(lengths).tolist():
+            which = np.flatnonzero(lengths == length)
+            rows = items[starts[which][:, None] + np.arange(length)].tolist()  # each a new list
+            out[which] = np.fromiter(rows, dtype=object, count=len(rows))
+        return items, out
+
+    def _cost_sums(self, items: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """Python's sum of each micro-batch's costs (its samples end to end in ``items``, in that order): with at
+        most one sample each its cost (``0 + cost``) or 0; from the few costs taken where these are a small share of
+        the step's Python floats."""
+        if self._float_costs and int(lengths.max(initial=0)) <= 1:
+            sums = np.zeros(len(lengths))
+            sums[lengths > 0] = self._cost_array[items]
+            return sums
+        if 4 * len(items) < len(self.costs) and self._float_costs:
+            return run_sums(self._cost_array[items].tolist(), np.arange(len(items)), lengths)
+        return run_sums(self.costs, items, lengths)
+
+    @cached_property
+    def _float_costs(self) -> bool:
+        """Every cost is a Python float (:attr:`_cost_array` gives them back bit for bit)."""
+        return set(map(type, self.costs)) == {float}
+
+    @cached_property
+    def _cost_array(self) -> np.ndarray:
+        return np.asarray(self.costs, dtype=np.float64)
 
     def _makespans(self, ordered: list[RankPlan]) -> list[float]:
         """Each rank's simulated makespan, its micro-batches run in the given order."""
@@ -244,9 +332,9 @@ class StepTimer:
         a, b = model.seconds_per_token, model.seconds_per_token_pair
         planned = np.asarray(self.sizes, dtype=np.float64) if self._planned is None else self._planned
         values = a * planned + b * planned * planned
-        work = values.tolist()  # elementwise, as Python computes each
-        loads = [sum(map(work.__getitem__, chain.from_iterable(rank))) for rank in plan]
-        dearest = rank_maxima(plan, values)
+        counts, flat = flat_ranks(plan)
+        loads = run_sums(values.tolist(), flat, counts).tolist()  # Python's sum of each rank's work, plan order
+        dearest = rank_maxima(plan, values, flat=(counts, flat))
         by_work = sorted(range(len(plan)), key=lambda r: -loads[r])[:SCREEN_RANKS]
         by_sample = sorted(range(len(plan)), key=lambda r: (-dearest[r], -loads[r]))[:SCREEN_RANKS]
         return [plan[r] for r in dict.fromkeys(by_work + by_sample)]
@@ -278,12 +366,66 @@ class StepTimer:
         return model.seconds_per_token * tokens + model.seconds_per_token_pair * pairs + model.seconds_per_microbatch
 
 
-def count_bound(plan: list[RankPlan], *, config: ScheduleConfig, lower_bound: int) -> int:
+ROWS_MICRO_BATCHES = 256
+""":meth:`StepTimer.candidate` times fewer than :data:`~megatron_dpsched.core.steptime.VECTOR_RANKS` ranks at once too
+where they hold this many micro-batches (a long pipeline schedule)."""
+ONE_SAMPLE_LIMIT = 2**20
+""":meth:`StepTimer._row_seconds` keeps the makespans of ranks of one sample up to this planned size."""
+ONE_SAMPLE_TABLES = 8
+"""How many layouts, counts, models and orders :data:`_ONE_SAMPLE_SPANS` keeps (the latest used)."""
+_OneSampleKey = tuple[PipelineLayout, int, StepTimeModel, tuple[str, ...]]
+_ONE_SAMPLE_SPANS: OrderedDict[_OneSampleKey, np.ndarray] = OrderedDict()
+"""Per (layout, count, step-time model, orders): the makespan of a rank of one sample in each order by the
+sample's planned size (NaN: not timed yet); shared by the steps of a schedule and by later schedules."""
+_ONE_SAMPLE_LOCK = threading.Lock()
+
+
+def _one_sample_table(key: _OneSampleKey, width: int) -> np.ndarray:
+    """:data:`_ONE_SAMPLE_SPANS`' table for ``key``, at least ``width`` sizes wide (made or widened with NaN)."""
+    with _ONE_SAMPLE_LOCK:
+        table = _ONE_SAMPLE_SPANS.pop(key, None)
+        if table is None or table.shape[1] < width:
+            wider = np.full((len(key[3]), max(width, 0 if table is None else 2 * table.shape[1])), np.nan)
+            if table is not None:
+                wider[:, :table.shape[1]] = table
+            table = wider
+        _ONE_SAMPLE_SPANS[key] = table
+        while len(_ONE_SAMPLE_SPANS) > ONE_SAMPLE_TABLES:
+            _ONE_SAMPLE_SPANS.popitem(last=False)
+        return table
+
+
+def _choose_orders(spans: list[list[float]]) -> tuple[list[int], list[float], frozenset[int]]:
+    """Which of the orders timed (``spans[k][rank]``: rank's makespan in order ``k``; order 0 step 6's) each rank
+    runs, its makespan, and the ranks that run their fastest order: ranks from the slowest in order 0, each in the
+    fastest order (order 0 unless another is faster by more than :data:`ORDER_MARGIN`), until the next rank's
+    makespan cannot be the step time."""
+    first = spans[0]
+    choice, chosen = [0] * len(first), list(first)
+    if len(spans) == 1:
+        return choice, chosen, frozenset(range(len(first)))
+    step, settled = 0.0, []
+    for rank in sorted(range(len(first)), key=first.__getitem__, reverse=True):  # stable: ties in rank order
+        if chosen[rank] <= step:
+            break
+        for k in range(1, len(spans)):
+            if spans[k][rank] < chosen[rank] * (1 - ORDER_MARGIN):
+                choice[rank], chosen[rank] = k, spans[k][rank]
+        step = max(step, chosen[rank])
+        settled.append(rank)
+    return choice, chosen, frozenset(settled)
+
+
+def count_bound(plan: list[RankPlan], *, config: ScheduleConfig, lower_bound: int, most: int | None = None) -> int:
     """``B = max(M, align(n))``, the most micro-batches a step-time plan may run: the aligned lower bound
-    ``M``, or enough for the rank with the most samples (``n``) to run one per micro-batch (beyond that
-    every rank would only add empty micro-batches)."""
-    most = max(sum(len(mb) for mb in rank) for rank in plan)
-    return max(lower_bound, config.layout.align(most))
+    ``M``, or enough for the rank with the most samples (``n``, :func:`most_samples`; ``most`` where known) to
+    run one per micro-batch (beyond that every rank would only add empty micro-batches)."""
+    return max(lower_bound, config.layout.align(most_samples(plan) if most is None else most))
+
+
+def most_samples(plan: list[RankPlan]) -> int:
+    """The most samples one rank of ``plan`` holds."""
+    return max(map(sum, map(partial(map, len), plan)))
 
 
 def plan_for_step_time(
@@ -300,18 +442,21 @@ def plan_for_step_time(
     counts (:data:`TAIL_IMBALANCE`) and, with pipelining, the fastest of these so far with its rank
     assignment repacked into more micro-batches; ties go to fewer micro-batches."""
     timer = StepTimer(sizes=sizes, costs=costs, config=config)
-    bound = count_bound(default, config=config, lower_bound=lower_bound)
+    most = most_samples(default)
+    bound = count_bound(default, config=config, lower_bound=lower_bound, most=most)
     fitted = default if len(default[0]) <= bound else repack_ranks(default, sizes, config, bound)
     assert fitted is not None, "one sample per micro-batch always fits"
     base = timer.candidate(fitted)
     fewer = _fewer_counts(base, timer, replan=replan, lower_bound=lower_bound)
     candidates = [base, *fewer]
     limit = bound if growth_limit is None else max(base.num_microbatches, min(bound, growth_limit))
-    if tail_heavy(fitted, costs) or (fewer and tail_heavy(fewer[0].plan, costs)):  # step 5 may have reached
+    # step 5 may have reached; with one sample a rank, no rank costs more than the dearest sample
+    if (most > 1 and tail_heavy(fitted, costs)) or (fewer and tail_heavy(fewer[0].plan, costs)):
         candidates += _tail_counts(base, timer, replan=replan, limit=limit, lower_bound=lower_bound)
     if config.pp_size > 1:  # with one stage a rank's time is its micro-batches' sum: more never help
         seed = min((c for c in candidates if c.num_microbatches >= base.num_microbatches), key=lambda c: c.seconds)
-        own = count_bound(seed.plan, config=config, lower_bound=lower_bound)
+        # the base holds the default's samples on each rank (repacked, reordered): the same bound
+        own = bound if seed is base else count_bound(seed.plan, config=config, lower_bound=lower_bound)
         candidates += _more_counts(seed, timer, limit=max(seed.num_microbatches, min(limit, own)))
     chosen = cost_equal(choose(candidates, ceiling=base.seconds), timer)
     top = None if growth_limit is None else max(chosen.num_microbatches, growth_limit)
@@ -477,12 +622,13 @@ def _more_counts(base: Candidate, timer: StepTimer, *, limit: int) -> list[Candi
     :data:`STEP_TIME_TOLERANCE`."""
     layout, config = timer.config.layout, timer.config
     screened: list[Candidate] = []
-    busiest = timer.busiest(base.plan)
+    busiest: list[RankPlan] = []  # found when the first count is screened
     best, best_count, stale, count = base.seconds, base.num_microbatches, 0, base.num_microbatches
     while stale < MAX_STALE_COUNTS or count < SEARCH_SPAN * best_count:
         count = max(layout.next_legal(count), layout.align(math.ceil(count * (1 + COUNT_GROWTH))))
         if count > limit:
             break
+        busiest = busiest or timer.busiest(base.plan)
         subset = repack_ranks(busiest, timer.sizes, config, count)
         if subset is None:
             stale += 1
@@ -510,28 +656,42 @@ def cost_equal(chosen: Candidate, timer: StepTimer) -> Candidate:
     its fastest order, :meth:`StepTimer.candidate`); the result only when its step is faster than
     ``chosen``'s by more than that margin, else ``chosen``. Ranks are repacked until
     :data:`COST_EQUAL_SAMPLES` samples are (at least :data:`COST_EQUAL_RANKS` ranks; the step is then the slowest
-    of them and the ranks left as they were). With one stage a rank's
-    time is the sum of its micro-batches', which no packing of the same samples changes."""
+    of them and the ranks left as they were). A rank already in its fastest order with at most one sample per
+    micro-batch is kept without repacking (:func:`_dealt_alike`: the packing would deal it the same micro-batches).
+    With one stage a rank's time is the sum of its micro-batches', which no packing of the same samples changes."""
     config = timer.config
     if config.pp_size == 1 or config.padded_rows:
         return chosen
-    plan, spans = list(chosen.plan), timer.makespans(chosen.plan)
-    times = timer.sample_times()
+    plan = list(chosen.plan)
+    spans = timer.makespans(plan) if chosen.rank_seconds is None else list(chosen.rank_seconds)
+    times = timer.sample_times(as_array=True)  # the costs of the few ranks repacked
     step, budget = 0.0, COST_EQUAL_SAMPLES
-    for count, rank in enumerate(sorted(range(len(plan)), key=lambda r: -spans[r])):
+    for count, rank in enumerate(sorted(range(len(plan)), key=spans.__getitem__, reverse=True)):
         if spans[rank] <= step or (count >= COST_EQUAL_RANKS and budget <= 0):
             break
-        budget -= sum(map(len, plan[rank]))
-        dealt = differencing_pack([i for mb in plan[rank] for i in mb], sizes=timer.sizes, costs=times,
-                                  cap=config.token_cap, num_bins=chosen.num_microbatches)  # type: ignore[arg-type]
+        items = [i for mb in plan[rank] for i in mb]
+        budget -= len(items)
+        if rank in chosen.settled and _dealt_alike(plan[rank], times):
+            step = max(step, spans[rank])
+            continue
+        dealt = differencing_pack(items, sizes=timer.sizes, costs=times, cap=config.token_cap,  # type: ignore[arg-type]
+                                  num_bins=chosen.num_microbatches)
         if dealt is not None:
             trial = timer.candidate([dealt])
             if trial.seconds < spans[rank] * (1 - ORDER_MARGIN):
                 plan[rank], spans[rank] = trial.plan[0], trial.seconds
         step = max(step, spans[rank])
     if max(spans) < chosen.seconds * (1 - ORDER_MARGIN):
-        return Candidate(num_microbatches=chosen.num_microbatches, seconds=max(spans), plan=plan)
+        return Candidate(num_microbatches=chosen.num_microbatches, seconds=max(spans), plan=plan, rank_seconds=spans)
     return chosen
+
+
+def _dealt_alike(rank: RankPlan, times: Sequence[float]) -> bool:
+    """Each micro-batch of ``rank`` holds at most one sample, each of positive time: then
+    :func:`~megatron_dpsched.core.kk.differencing_pack` leaves every sample alone as it is (a merge pairs the
+    dearest parts with the empty ones while there are as many parts as samples), so the rank packed anew runs the
+    same micro-batches, in the same fastest order (:func:`cost_equal` skips it where it is settled)."""
+    return all(len(mb) <= 1 for mb in rank) and all(times[mb[0]] > 0 for mb in rank if mb)
 
 
 def repack_ranks(

@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from operator import itemgetter
 
+import numpy as np
+
 from megatron_dpsched.core.validation import ArgumentError
 
 MICROBATCH_ORDERS = ("pipeline", "none")
@@ -70,5 +72,19 @@ def _arrange(ascending: list[int], order: str) -> list[int]:
     descending = ascending[::-1]
     if order == "verl":
         return descending[0::2][::-1] + descending[1::2]
+    assert order == "descending", f"unknown micro-batch order {order!r}"
+    return descending
+
+
+def arrange_rows(ascending: np.ndarray, order: str) -> np.ndarray:
+    """:func:`arrangements`' positions for many ranks of one count at once: each row of ``ascending`` (a rank's
+    micro-batches by ascending cost) in ``order``'s run order (of :data:`PIPELINE_ORDERS`)."""
+    if order == "pipeline":
+        return np.concatenate((ascending[:, 0::2], ascending[:, 1::2][:, ::-1]), axis=1)
+    if order == "ascending":
+        return ascending
+    descending = ascending[:, ::-1]
+    if order == "verl":
+        return np.concatenate((descending[:, 0::2][:, ::-1], descending[:, 1::2]), axis=1)
     assert order == "descending", f"unknown micro-batch order {order!r}"
     return descending

@@ -82,8 +82,10 @@ import threading
 from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from itertools import accumulate, chain
+from itertools import chain
 from typing import Any
+
+import numpy as np
 
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
 from megatron_dpsched.core.cost import DEFAULT_COST_MODEL, CostFunction, require_cost_model, sample_costs
@@ -361,12 +363,15 @@ def assemble_schedule(
     """Turn per-step, per-rank micro-batches into the rank-major contract (micro-batch indices of the same span
     are one tuple, shared by the ranks: :class:`_Spans`)."""
     assert all(len(step_plan) == config.dp_size for step_plan in plans)
-    partitions, micro_batch_indices, spans = [], [], _Spans()
-    for rank in range(config.dp_size):
-        micro_batches = [mb for step_plan in plans for mb in step_plan[rank]]
-        ends = list(accumulate(map(len, micro_batches)))
+    partitions, micro_batch_indices = [], []
+    step_num_samples = tuple(sum(map(len, chain.from_iterable(step))) for step in plans)
+    spans = _Spans(sum(step_num_samples) + 1)  # more than any rank's samples
+    for rank_steps in zip(*plans) if plans else [()] * config.dp_size:  # each rank's plan of every step
+        micro_batches = list(chain.from_iterable(rank_steps))
+        sizes = np.fromiter(map(len, micro_batches), dtype=np.int64, count=len(micro_batches))
+        ends = np.cumsum(sizes)
         partitions.append(tuple(chain.from_iterable(micro_batches)))
-        micro_batch_indices.append(tuple(map(spans.__getitem__, zip([0, *ends[:-1]], ends))))
+        micro_batch_indices.append(tuple(map(spans.__getitem__, ((ends - sizes) * spans.width + ends).tolist())))
     return DPSchedule(
         config=config,
         lengths=tuple(lengths),
@@ -375,16 +380,20 @@ def assemble_schedule(
         partitions=tuple(partitions),
         micro_batch_indices=tuple(micro_batch_indices),
         num_microbatches=tuple(len(step_plan[0]) for step_plan in plans),
-        step_num_samples=tuple(sum(map(len, chain.from_iterable(step))) for step in plans),
+        step_num_samples=step_num_samples,
         dropped=tuple(dropped),
     )
 
 
-class _Spans(dict[tuple[int, int], tuple[int, ...]]):
-    """``(start, end)`` to ``tuple(range(start, end))``, made once."""
+class _Spans(dict[int, tuple[int, ...]]):
+    """``start * width + end`` (``end < width``) to ``tuple(range(start, end))``, made once."""
 
-    def __missing__(self, key: tuple[int, int]) -> tuple[int, ...]:
-        value = self[key] = tuple(range(*key))
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.width = width
+
+    def __missing__(self, key: int) -> tuple[int, ...]:
+        value = self[key] = tuple(range(*divmod(key, self.width)))
         return value
 
 

@@ -358,26 +358,65 @@ VECTOR_RANKS = 8
 """:func:`rank_makespans` simulates this many ranks or more at once with NumPy."""
 
 
+def row_makespans(times: np.ndarray, *, layout: PipelineLayout, backward_factor: float) -> list[float]:
+    """:func:`rank_makespans` of ranks of one count given as the rows of a float array, all at once."""
+    return _simulate_ranks(times, layout, backward_factor)
+
+
 @np.errstate(over="ignore", invalid="ignore")  # as Python floats: inf and nan, no warning
 def _simulate_ranks(times: np.ndarray, layout: PipelineLayout, backward_factor: float) -> list[float]:
     """:func:`_simulate`'s makespans (no latency) of every row of ``times`` at once: ranks of one count share
     every op's stage and dependency, so the ops run in one order valid for all (:func:`_op_sequence`) with
-    the same additions and maxima, rank by rank, as the one-rank simulation."""
+    the same additions and maxima, rank by rank, as the one-rank simulation. Each op's end times go to a row
+    of a small table, reused once the op's readers have run (:func:`_op_slots`)."""
     count = times.shape[1]
     share = 1.0 / (layout.pp_size * layout.vpp_size)
-    durations = np.concatenate((times * share, backward_factor * times * share), axis=1).T.copy()
-    ops = 2 * count * layout.pp_size * layout.vpp_size
-    end = np.zeros((ops + 1, times.shape[0]))  # row ``ops``: zeros, when a stage is free before its first op
-    rows, lasts = list(end), [ops] * layout.pp_size  # each stage's latest op (its end: when the stage is free)
-    spans, scratch = list(durations), np.empty(times.shape[0])
+    durations = np.empty((2 * count, times.shape[0]))  # forward then backward ops' durations, one row each
+    np.multiply(times.T, share, out=durations[:count])
+    np.multiply(times.T, backward_factor, out=durations[count:])
+    durations[count:] *= share  # (backward_factor * time) * share, as the one-rank simulation
+    steps, size, finals = _op_slots(layout, count)
+    end = np.zeros((size, times.shape[0]))  # row 0: zeros, when a stage is free before its first op
+    rows, spans, scratch = list(end), list(durations), np.empty(times.shape[0])
     add, maximum = np.add, np.maximum
-    for stage, op, dependency, duration_index in _op_sequence(layout, count):
+    for into, previous, dependency, duration_index in steps:
         if dependency < 0:
-            add(rows[lasts[stage]], spans[duration_index], out=rows[op])
+            add(rows[previous], spans[duration_index], out=rows[into])
         else:
-            add(maximum(rows[lasts[stage]], rows[dependency], out=scratch), spans[duration_index], out=rows[op])
-        lasts[stage] = op
-    return end[lasts].max(axis=0).tolist()
+            add(maximum(rows[previous], rows[dependency], out=scratch), spans[duration_index], out=rows[into])
+    return end[list(finals)].max(axis=0).tolist()
+
+
+@lru_cache(maxsize=256)
+def _op_slots(layout: PipelineLayout, count: int) -> tuple[tuple[tuple[int, int, int, int], ...], int, tuple[int, ...]]:
+    """:func:`_op_sequence` with each op's end in a row (slot) of a table: every op as ``(its slot, the slot of
+    its stage's previous op or 0, its dependency's slot or -1, duration index)``, the table's size and the slots
+    of the stages' last ops. An op's slot is free again once the last op that reads it (its stage's next op or
+    the op that depends on it) has run; slot 0 holds zeros."""
+    sequence = _op_sequence(layout, count)
+    last_read = [-1] * (2 * count * layout.pp_size * layout.vpp_size + 1)  # where each op is read last
+    previous = [-1] * layout.pp_size
+    for position, (stage, op, dependency, _) in enumerate(sequence):
+        last_read[previous[stage]] = last_read[dependency] = position  # index -1: the spare last entry
+        previous[stage] = op
+    for op in previous:  # the stages' last ops are read at the end
+        last_read[op] = len(sequence)
+    slot, free, size, steps = [0] * len(last_read), [], 1, []
+    previous = [-1] * layout.pp_size
+    for position, (stage, op, dependency, duration_index) in enumerate(sequence):
+        if free:
+            slot[op] = free.pop()
+        else:
+            slot[op], size = size, size + 1
+        before = previous[stage]
+        steps.append((slot[op], slot[before] if before >= 0 else 0, slot[dependency] if dependency >= 0 else -1,
+                      duration_index))
+        if before >= 0 and last_read[before] == position:
+            free.append(slot[before])
+        if dependency >= 0 and dependency != before and last_read[dependency] == position:
+            free.append(slot[dependency])
+        previous[stage] = op
+    return tuple(steps), size, tuple(slot[op] for op in previous)
 
 
 @lru_cache(maxsize=256)
@@ -416,28 +455,22 @@ def _stage_steps(layout: PipelineLayout, count: int) -> tuple[tuple[_Step, ...],
     Op ``(kind, virtual stage k, micro-batch m)`` has id ``(is_backward * K + k) * M + m``; its duration
     is ``durations[is_backward * M + m]``.
     """
-    stages, last = layout.pp_size, layout.pp_size * layout.vpp_size - 1
-
-    def op_id(backward: bool, virtual: int, microbatch: int) -> int:
-        return (int(backward) * (last + 1) + virtual) * count + microbatch
-
+    stages, virtual_stages = layout.pp_size, layout.pp_size * layout.vpp_size
+    last = virtual_stages - 1
     plans = []
     for stage in range(stages):
         steps = []
         for kind, microbatch, chunk in _stage_op_order(layout, count, stage):
-            virtual, backward = chunk * stages + stage, kind == "B"
-            if not backward:
-                dependency = op_id(False, virtual - 1, microbatch) if virtual > 0 else -1
-            elif virtual == last:
-                dependency = op_id(False, virtual, microbatch)
-            else:
-                dependency = op_id(True, virtual + 1, microbatch)
-            crosses = dependency >= 0 and not (backward and virtual == last)
-            duration_index = int(backward) * count + microbatch
-            steps.append((op_id(backward, virtual, microbatch), dependency, crosses, duration_index))
+            virtual = chunk * stages + stage
+            if kind == "F":  # after the previous virtual stage's forward
+                op = virtual * count + microbatch
+                steps.append((op, op - count if virtual else -1, virtual > 0, microbatch))
+            else:  # after its own forward on the last virtual stage, else after the next virtual stage's backward
+                op = (virtual_stages + virtual) * count + microbatch
+                dependency = virtual * count + microbatch if virtual == last else op + count
+                steps.append((op, dependency, virtual != last, count + microbatch))
         plans.append(tuple(steps))
     return tuple(plans)
-
 
 def _simulate(
     times: tuple[float, ...], layout: PipelineLayout, backward_factor: float, latency: float, *, record: bool
