@@ -369,8 +369,9 @@ class StepTimer:
 ROWS_MICRO_BATCHES = 256
 """:meth:`StepTimer.candidate` times fewer than :data:`~megatron_dpsched.core.steptime.VECTOR_RANKS` ranks at once too
 where they hold this many micro-batches (a long pipeline schedule)."""
-ONE_SAMPLE_LIMIT = 2**20
-""":meth:`StepTimer._row_seconds` keeps the makespans of ranks of one sample up to this planned size."""
+ONE_SAMPLE_LIMIT = 2**16
+""":meth:`StepTimer._row_seconds` keeps the makespans of ranks of one sample up to this planned size (a table is at
+most this many floats wide per order: 512 KiB)."""
 ONE_SAMPLE_TABLES = 8
 """How many layouts, counts, models and orders :data:`_ONE_SAMPLE_SPANS` keeps (the latest used)."""
 _OneSampleKey = tuple[PipelineLayout, int, StepTimeModel, tuple[str, ...]]
