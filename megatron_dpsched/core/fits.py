@@ -86,6 +86,32 @@ class BestFitRuns:
             self._add(self.cap - each * size, list(range(first, first + fresh - 1)))
         self._add(self.cap - rest * size, [first + fresh - 1])
 
+    def place_one(self, size: int) -> None:
+        """:meth:`place` of a single item, with less bookkeeping (most sizes of a short step come once)."""
+        rooms, by_room = self.rooms, self.by_room
+        at = bisect_left(rooms, size)
+        if at < len(rooms):
+            room = rooms[at]
+            held = by_room[room]
+            target = held[0]
+            if len(held) == 1:
+                del by_room[room], rooms[at]
+            else:
+                del held[0]
+        else:
+            room, target = self.cap, self.count
+            self.count += 1
+        self.run_bins.append(target)
+        self.run_lengths.append(1)
+        left = room - size
+        if left > 0:
+            held = by_room.get(left)
+            if held is None:
+                insort(rooms, left)
+                by_room[left] = [target]
+            else:
+                insort(held, target)
+
     def place_zeros(self, count: int) -> None:
         """Items of size 0 all go to the open micro-batch of least room (the first opened of those), else to a
         new one (which stays open with the whole cap)."""
@@ -120,7 +146,9 @@ def best_fit_owners(ordered_sizes: np.ndarray, cap: int) -> tuple[np.ndarray, in
     starts = np.flatnonzero(np.diff(rest, prepend=-1))  # where each size's run begins
     bounds = [*starts.tolist(), len(rest)]
     for start, stop, size in zip(bounds, bounds[1:], rest[starts].tolist()):
-        if size:
+        if size and stop - start == 1:
+            runs.place_one(size)
+        elif size:
             runs.place(size, stop - start)
         else:
             runs.place_zeros(stop - start)
