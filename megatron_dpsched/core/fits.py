@@ -86,31 +86,39 @@ class BestFitRuns:
             self._add(self.cap - each * size, list(range(first, first + fresh - 1)))
         self._add(self.cap - rest * size, [first + fresh - 1])
 
-    def place_one(self, size: int) -> None:
-        """:meth:`place` of a single item, with less bookkeeping (most sizes of a short step come once)."""
-        rooms, by_room = self.rooms, self.by_room
-        at = bisect_left(rooms, size)
-        if at < len(rooms):
-            room = rooms[at]
-            held = by_room[room]
-            target = held[0]
-            if len(held) == 1:
-                del by_room[room], rooms[at]
+    def place_runs(self, sizes: list[int], counts: list[int]) -> None:
+        """Place runs of ``counts[k]`` items of ``sizes[k]`` (decreasing): a long run by :meth:`place`, a short
+        one item by item (one bisect, one insort: most sizes of a short step come once or twice)."""
+        rooms, by_room, run_bins, run_lengths = self.rooms, self.by_room, self.run_bins, self.run_lengths
+        for size, count in zip(sizes, counts):
+            if not size:
+                self.place_zeros(count)
+            elif count > 3:
+                self.place(size, count)
             else:
-                del held[0]
-        else:
-            room, target = self.cap, self.count
-            self.count += 1
-        self.run_bins.append(target)
-        self.run_lengths.append(1)
-        left = room - size
-        if left > 0:
-            held = by_room.get(left)
-            if held is None:
-                insort(rooms, left)
-                by_room[left] = [target]
-            else:
-                insort(held, target)
+                for _ in range(count):
+                    at = bisect_left(rooms, size)
+                    if at < len(rooms):
+                        room = rooms[at]
+                        held = by_room[room]
+                        target = held[0]
+                        if len(held) == 1:
+                            del by_room[room], rooms[at]
+                        else:
+                            del held[0]
+                    else:
+                        room, target = self.cap, self.count
+                        self.count += 1
+                    run_bins.append(target)
+                    run_lengths.append(1)
+                    room -= size
+                    if room > 0:
+                        held = by_room.get(room)
+                        if held is None:
+                            insort(rooms, room)
+                            by_room[room] = [target]
+                        else:
+                            insort(held, target)
 
     def place_zeros(self, count: int) -> None:
         """Items of size 0 all go to the open micro-batch of least room (the first opened of those), else to a
@@ -138,20 +146,13 @@ def best_fit_owners(ordered_sizes: np.ndarray, cap: int) -> tuple[np.ndarray, in
     alone = int(np.count_nonzero((2 * ordered_sizes > cap) | (ordered_sizes >= cap)))
     rooms = cap - ordered_sizes[:alone]
     first = int(np.searchsorted(rooms, 1))  # rooms rise along the prefix; those at 0 or below are closed
-    values, starts, counts = np.unique(rooms[first:], return_index=True, return_counts=True)
-    by_room = {room: list(range(first + start, first + start + count))
-               for room, start, count in zip(values.tolist(), starts.tolist(), counts.tolist())}
+    values, firsts, counts = np.unique(rooms[first:], return_index=True, return_counts=True)
+    firsts += first
+    by_room = dict(zip(values.tolist(), map(list, map(range, firsts.tolist(), (firsts + counts).tolist()))))
     runs = BestFitRuns(cap, rooms=values.tolist(), by_room=by_room, count=alone)
     rest = ordered_sizes[alone:]
     starts = np.flatnonzero(np.diff(rest, prepend=-1))  # where each size's run begins
-    bounds = [*starts.tolist(), len(rest)]
-    for start, stop, size in zip(bounds, bounds[1:], rest[starts].tolist()):
-        if size and stop - start == 1:
-            runs.place_one(size)
-        elif size:
-            runs.place(size, stop - start)
-        else:
-            runs.place_zeros(stop - start)
+    runs.place_runs(rest[starts].tolist(), np.diff(starts, append=len(rest)).tolist())
     owners = np.concatenate([np.arange(alone, dtype=np.int64), runs.owners()])
     return owners, runs.count
 
