@@ -162,8 +162,12 @@ def item_arrays(items: Sequence[int], sizes: Sequence[int]) -> tuple[np.ndarray,
     if isinstance(items, range) and items.step == 1 and 0 <= items.start and items.stop <= len(sizes):
         ids = np.arange(items.start, max(items.start, items.stop), dtype=np.int64)
         return ids, np.asarray(sizes[items.start : items.start + len(ids)], dtype=np.int64)
-    ids = items.astype(np.int64) if isinstance(items, np.ndarray) else np.fromiter(items, dtype=np.int64)
-    return ids, np.fromiter(map(sizes.__getitem__, ids.tolist()), dtype=np.int64, count=len(ids))
+    if isinstance(items, np.ndarray):
+        ids = items.astype(np.int64)
+        items = ids.tolist()
+    else:
+        ids = np.fromiter(items, dtype=np.int64)
+    return ids, np.fromiter(map(sizes.__getitem__, items), dtype=np.int64, count=len(ids))
 
 
 def decreasing_order(sizes: np.ndarray, ids: np.ndarray | None = None) -> np.ndarray:
@@ -184,13 +188,14 @@ def decreasing_order(sizes: np.ndarray, ids: np.ndarray | None = None) -> np.nda
 def chunk_starts(ordered_sizes: np.ndarray, cap: int) -> list[int]:
     """Where each chunk of sizes in decreasing order starts when a chunk whose first size is ``m`` takes
     ``max(1, cap // m)`` (a size of 0 counts as 1). That count only grows along the sizes, so the starts in
-    each run of one count are a range with that step: one :func:`numpy.arange` per distinct count."""
+    each run of one count are a range with that step: one :class:`range` per distinct count."""
     rows = np.maximum(1, cap // np.maximum(ordered_sizes, 1))
     runs = np.flatnonzero(np.diff(rows, prepend=0))
-    ends = [*runs[1:].tolist(), len(rows)]
-    starts, position = [], 0
-    for end, step in zip(ends, rows[runs].tolist()):
+    starts: list[int] = []
+    position = 0
+    for end, step in zip([*runs[1:].tolist(), len(rows)], rows[runs].tolist()):
         if position < end:
-            starts.append(np.arange(position, end, step))
-            position = int(starts[-1][-1]) + step
-    return np.concatenate(starts).tolist() if starts else []
+            chunk = range(position, end, step)
+            starts += chunk
+            position = chunk[-1] + step
+    return starts

@@ -65,8 +65,11 @@ def chunk_decreasing(items: Sequence[int], sizes: Sequence[int], cap: int) -> li
     """
     ids, item_sizes = item_arrays(items, sizes)
     order = decreasing_order(item_sizes, ids)
-    ordered, starts = ids[order].tolist(), chunk_starts(item_sizes[order], cap)
-    return list(map(ordered.__getitem__, map(slice, starts, [*starts[1:], len(ordered)])))
+    ordered, ordered_sizes = ids[order].tolist(), item_sizes[order]
+    alone = int(np.count_nonzero(2 * ordered_sizes > cap))  # one row each: the first chunks
+    starts = chunk_starts(ordered_sizes, cap)[alone:]
+    chunks = [[item] for item in ordered[:alone]]
+    return chunks + list(map(ordered.__getitem__, map(slice, starts, [*starts[1:], len(ordered)])))
 
 
 def best_fit_decreasing(
