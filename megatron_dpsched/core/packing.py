@@ -46,12 +46,7 @@ def bin_lower_bound(sizes: Sequence[int], cap: int, *, padded_rows: bool = False
 
 def chunk_count(sizes: Sequence[int], cap: int) -> int:
     """Micro-batches of :func:`chunk_decreasing`: the fewest any padded-rows packing can use."""
-    ordered = sorted(sizes, reverse=True)
-    count = position = 0
-    while position < len(ordered):
-        position += max(1, cap // ordered[position])
-        count += 1
-    return count
+    return len(chunk_starts(np.sort(np.asarray(sizes, dtype=np.int64))[::-1], cap))
 
 
 def chunk_decreasing(items: Sequence[int], sizes: Sequence[int], cap: int) -> list[list[int]]:

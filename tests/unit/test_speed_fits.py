@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from megatron_dpsched.core.packing import best_fit_decreasing, chunk_decreasing, first_fit
+from megatron_dpsched.core.packing import best_fit_decreasing, chunk_count, chunk_decreasing, first_fit
 
 
 def reference_first_fit(items: list[int], sizes: list[int], cap: int) -> list[list[int]]:
@@ -136,3 +136,11 @@ def test_sizes_of_one_value_beyond_a_radix_sort_keep_their_order() -> None:
 def test_a_range_past_the_sizes_is_refused_as_before() -> None:
     with pytest.raises(IndexError):
         best_fit_decreasing(range(3), [1, 2], 8)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_chunk_count_counts_the_chunks(seed: int) -> None:
+    rng = random.Random(seed)
+    cap = rng.choice((1, 10, 4096))
+    sizes = _sizes(rng, rng.randint(0, 200), cap)
+    assert chunk_count(sizes, cap) == len(reference_chunks(list(range(len(sizes))), sizes, cap))
