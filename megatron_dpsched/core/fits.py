@@ -178,7 +178,7 @@ def decreasing_order(sizes: np.ndarray, ids: np.ndarray | None = None) -> np.nda
         first = np.argsort(ids, kind="stable")
         sizes = sizes[first]
     top = int(sizes.max(initial=0))
-    if top - int(sizes.min(initial=0)) < 2**16:
+    if top - int(sizes.min(initial=top)) < 2**16:
         order = np.argsort((top - sizes).astype(np.uint16), kind="stable")
     else:
         order = np.argsort(-sizes, kind="stable")

@@ -133,6 +133,17 @@ def test_sizes_of_one_value_beyond_a_radix_sort_keep_their_order() -> None:
     assert chunk_decreasing(range(8), sizes, 2**21) == reference_chunks(list(range(8)), sizes, 2**21)
 
 
+@pytest.mark.parametrize("low", [0, 2**16 - 40, 10**9])
+def test_sizes_in_a_narrow_band_anywhere_sort_as_one_by_one(low: int) -> None:
+    """A band of under 2**16 values sorts by radix wherever it lies; ties keep the order given."""
+    rng = random.Random(low)
+    sizes = [low + rng.randint(0, 60) for _ in range(300)]
+    items = rng.sample(range(300), 200)
+    cap = 3 * low + 100
+    assert best_fit_decreasing(items, sizes, cap) == reference_best_fit_decreasing(items, sizes, cap)
+    assert chunk_decreasing(items, sizes, cap) == reference_chunks(items, sizes, cap)
+
+
 def test_a_range_past_the_sizes_is_refused_as_before() -> None:
     with pytest.raises(IndexError):
         best_fit_decreasing(range(3), [1, 2], 8)
