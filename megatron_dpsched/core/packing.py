@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import heapq
 import math
-from bisect import bisect_left, insort
 from collections.abc import Sequence
 from itertools import chain
 
 import numpy as np
 
+from megatron_dpsched.core.fits import best_fit_owners, chunk_starts, decreasing_order, item_arrays
 from megatron_dpsched.core.padding import collated_size, collated_sizes
 
 
@@ -46,12 +46,7 @@ def bin_lower_bound(sizes: Sequence[int], cap: int, *, padded_rows: bool = False
 
 def chunk_count(sizes: Sequence[int], cap: int) -> int:
     """Micro-batches of :func:`chunk_decreasing`: the fewest any padded-rows packing can use."""
-    ordered = sorted(sizes, reverse=True)
-    count = position = 0
-    while position < len(ordered):
-        position += max(1, cap // ordered[position])
-        count += 1
-    return count
+    return len(chunk_starts(np.sort(np.asarray(sizes, dtype=np.int64))[::-1], cap))
 
 
 def chunk_decreasing(items: Sequence[int], sizes: Sequence[int], cap: int) -> list[list[int]]:
@@ -59,19 +54,17 @@ def chunk_decreasing(items: Sequence[int], sizes: Sequence[int], cap: int) -> li
 
     A micro-batch whose longest sample has size ``m`` holds at most ``cap // m`` rows, so taking the
     longest remaining sample with the next ``cap // m - 1`` longest uses the fewest micro-batches (an
-    exchange argument: swapping a shorter sample into the longest's micro-batch never breaks a cap).
+    exchange argument: swapping a shorter sample into the longest's micro-batch never breaks a cap). Ties
+    of size go by id; the chunks' starts come per distinct row count
+    (:func:`~megatron_dpsched.core.fits.chunk_starts`).
     """
-    ids = np.fromiter(items, dtype=np.int64)
-    ordered_sizes = np.fromiter(map(sizes.__getitem__, ids.tolist()), dtype=np.int64, count=len(ids))
-    order = np.lexsort((ids, -ordered_sizes))
-    ordered, ordered_sizes = ids[order].tolist(), ordered_sizes[order].tolist()
-    bins: list[list[int]] = []
-    position = 0
-    while position < len(ordered):
-        rows = max(1, cap // ordered_sizes[position])
-        bins.append(ordered[position : position + rows])
-        position += rows
-    return bins
+    ids, item_sizes = item_arrays(items, sizes)
+    order = decreasing_order(item_sizes, ids)
+    ordered, ordered_sizes = ids[order].tolist(), item_sizes[order]
+    alone = int(np.count_nonzero(2 * ordered_sizes > cap))  # one row each: the first chunks
+    starts = chunk_starts(ordered_sizes, cap)[alone:]
+    chunks = [[item] for item in ordered[:alone]]
+    return chunks + list(map(ordered.__getitem__, map(slice, starts, [*starts[1:], len(ordered)])))
 
 
 def best_fit_decreasing(
@@ -82,81 +75,20 @@ def best_fit_decreasing(
 
     Items go longest first (ties in the order given), each into the open micro-batch of least room that fits it
     (ties: the first opened), else into a new one; a micro-batch left without room, or holding a sample of at
-    least ``cap``, closes. Items of one size go together (:class:`_OpenBins`): a micro-batch of room ``r`` takes
-    ``r // size`` of them in a row (it stays the one of least room that fits), so the work is per size and
-    per distinct room, not per item.
+    least ``cap``, closes. Items over half the cap open one each (NumPy); the rest go one size at a time
+    (:func:`~megatron_dpsched.core.fits.best_fit_owners`): a micro-batch of room ``r`` takes ``r // size`` of
+    them in a row (it stays the one of least room that fits), so the work is per size and per distinct room,
+    not per item.
     """
     if padded_rows:
         return chunk_decreasing(items, sizes, cap)
-    ids = np.fromiter(items, dtype=np.int64) if not isinstance(items, np.ndarray) else items.astype(np.int64)
+    ids, item_sizes = item_arrays(items, sizes)
     if not len(ids):
         return []
-    item_sizes = np.fromiter(map(sizes.__getitem__, ids.tolist()), dtype=np.int64, count=len(ids))
-    order = np.argsort(-item_sizes, kind="stable")
+    order = decreasing_order(item_sizes)
     ids, item_sizes = ids[order], item_sizes[order]
-    owners: list[int] = []
-    starts = [0, *(np.flatnonzero(item_sizes[1:] != item_sizes[:-1]) + 1).tolist()]
-    open_bins = _OpenBins(cap)
-    for start, stop in zip(starts, [*starts[1:], len(ids)]):
-        open_bins.place(int(item_sizes[start]), stop - start, owners)
-    return _gather_bins(ids, np.array(owners, dtype=np.int64), open_bins.count)
-
-
-class _OpenBins:
-    """Best fit's open micro-batches: their ids by room (each room's ids ascending) and how many were opened."""
-
-    def __init__(self, cap: int) -> None:
-        self.cap, self.count = cap, 0
-        self.by_room: dict[int, list[int]] = {}
-        self.rooms: list[int] = []  # the rooms of open micro-batches, ascending
-
-    def add(self, room: int, bins: list[int]) -> None:
-        """Open micro-batches ``bins`` (ascending) now have ``room`` (closed at 0)."""
-        if room <= 0 or not bins:
-            return
-        held = self.by_room.get(room)
-        if held is None:
-            insort(self.rooms, room)
-            self.by_room[room] = bins
-        else:  # two ascending runs: a linear merge
-            self.by_room[room] = sorted(held + bins)
-
-    def take(self, room: int, count: int) -> list[int]:
-        """The first ``count`` micro-batches of ``room`` (all of them when there are fewer), no longer there."""
-        held = self.by_room[room]
-        taken, left = held[:count], held[count:]
-        if left:
-            self.by_room[room] = left
-        else:
-            del self.by_room[room]
-            self.rooms.pop(bisect_left(self.rooms, room))
-        return taken
-
-    def place(self, size: int, count: int, owners: list[int]) -> None:
-        """Place ``count`` items of one ``size`` as one by one best fit would; their bins go to ``owners``."""
-        cap = self.cap
-        if size < cap:
-            at = bisect_left(self.rooms, size)
-            while count and at < len(self.rooms):
-                room = self.rooms[at]
-                each = room // size  # items a micro-batch of this room takes in a row
-                full = self.take(room, count // each)
-                owners.extend(full if each == 1 else [b for b in full for _ in range(each)])
-                count -= len(full) * each
-                self.add(room - each * size, full)
-                if count and room in self.by_room:  # one takes the rest, fewer than ``each``
-                    (last,) = self.take(room, 1)
-                    owners.extend([last] * count)
-                    self.add(room - count * size, [last])
-                    count = 0
-                at = bisect_left(self.rooms, room + 1)
-        each = max(1, cap // size) if size < cap else 1  # new micro-batches: each takes this many
-        fresh = -(-count // each)
-        owners.extend([b for b in range(self.count, self.count + fresh) for _ in range(each)][:count])
-        if size < cap and fresh:
-            self.add(cap - each * size, list(range(self.count, self.count + fresh - 1)))
-            self.add(cap - (count - (fresh - 1) * each) * size, [self.count + fresh - 1])
-        self.count += fresh
+    owners, count = best_fit_owners(item_sizes, cap)
+    return _gather_bins(ids, owners, count)
 
 
 def first_fit(items: Sequence[int], sizes: Sequence[int], cap: int) -> list[list[int]]:
