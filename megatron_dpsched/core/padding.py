@@ -22,6 +22,38 @@ def planned_sizes(lengths: Sequence[int], *, pad_multiple: int) -> tuple[int, ..
     return tuple(-(-length // pad_multiple) * pad_multiple for length in lengths)
 
 
+class ArrayTuple(tuple):
+    """A tuple of Python numbers with the NumPy array of the same values: ``np.asarray`` (and ``np.array``)
+    read the array instead of converting the tuple again (a copy for ``np.array``, another dtype converted).
+    The array is read-only; the tuple's items stay the Python numbers given (Python sums and keys of them
+    are unchanged)."""
+
+    values: np.ndarray
+
+    def __new__(cls, items: Sequence[float], values: np.ndarray) -> ArrayTuple:
+        made = super().__new__(cls, items)
+        assert len(made) == len(values), (len(made), len(values))
+        values = values.view()
+        values.flags.writeable = False
+        made.values = values
+        return made
+
+    def __array__(self, dtype: np.dtype | None = None, copy: bool | None = None) -> np.ndarray:
+        values = self.values
+        if dtype is not None and values.dtype != np.dtype(dtype):
+            return values.astype(dtype)
+        return values.copy() if copy else values
+
+
+def step_sizes(lengths: Sequence[int], *, pad_multiple: int) -> ArrayTuple:
+    """:func:`planned_sizes` of a step as an :class:`ArrayTuple` (int64 values); one conversion of ``lengths``."""
+    values = np.fromiter(lengths, dtype=np.int64, count=len(lengths))
+    if pad_multiple == 1:
+        return ArrayTuple(lengths, values)
+    values = -(-values // pad_multiple) * pad_multiple
+    return ArrayTuple(values.tolist(), values)
+
+
 def collated_size(items: Sequence[int], sizes: Sequence[int], *, padded_rows: bool) -> int:
     """Tokens of the collated micro-batch ``items`` (planned ``sizes``); 0 for an empty one."""
     if not items:

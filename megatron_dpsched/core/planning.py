@@ -28,7 +28,7 @@ from megatron_dpsched.core.packing import (
     pack_ranks,
     split_to_count,
 )
-from megatron_dpsched.core.padding import collated_sizes, planned_sizes
+from megatron_dpsched.core.padding import collated_sizes
 
 
 def plan_step(
@@ -52,10 +52,11 @@ def plan_step(
     first = samples[0]
     contiguous = samples[-1] - first + 1 == len(samples)  # sorted and distinct: a range
     if contiguous:
-        local_lengths, local_costs = lengths[first : first + len(samples)], list(costs[first : first + len(samples)])
+        local_lengths, local_costs = lengths[first : first + len(samples)], costs[first : first + len(samples)]
     else:
         local_lengths, local_costs = [lengths[i] for i in samples], [costs[i] for i in samples]
-    local_sizes = list(planned_sizes(local_lengths, pad_multiple=config.pad_multiple))
+    local_sizes = padding.step_sizes(local_lengths, pad_multiple=config.pad_multiple)
+    local_costs = padding.ArrayTuple(local_costs, np.fromiter(local_costs, dtype=np.float64, count=len(local_costs)))
     if config.micro_batch_size is not None:
         ranks = _plan_static(local_sizes, local_costs, config=config)
     else:
@@ -339,7 +340,6 @@ def _repair_overflow(
     ones (best-fit decreasing, by collated size) to the least-loaded ranks with room; ``None`` if one fits nowhere.
     ``refits``: those micro-batches where :func:`~megatron_dpsched.core.packing.pack_ranks` made them."""
     cap, rows = config.token_cap, config.padded_rows
-    loads = python_sums(costs, ranks).tolist()
     failing = [rank for rank, bins in enumerate(packed) if bins is None]
     missing = [rank for rank in failing if rank not in refits]
     if rows:
@@ -348,6 +348,10 @@ def _repair_overflow(
                                                    for r in missing), strict=True))
     else:
         refits.update(zip(missing, best_fit_ranks([ranks[r] for r in missing], sizes, cap), strict=True))
+    if _rehome_fails(packed, [refits[r] for r in failing], sizes=sizes, config=config,
+                     num_microbatches=num_microbatches):
+        return None
+    loads = python_sums(costs, ranks).tolist()
     homeless: list[int] = []
     bins_per_rank = list(packed)
     for rank, (bins, collated) in ((r, refits[r]) for r in failing):
@@ -360,6 +364,53 @@ def _repair_overflow(
                    config=config):
         return None
     return [split_to_count(bins, sizes, num_microbatches, padded_rows=rows) for bins in bins_per_rank]
+
+
+def _rehome_fails(
+    packed: list[RankPlan | None], refitted: list[tuple[list[list[int]], list[int]]], *, sizes: Sequence[int],
+    config: ScheduleConfig, num_microbatches: int,
+) -> bool:
+    """Whether :func:`_rehome` fails for certain, from the micro-batches' rooms and the homeless samples' sizes
+    alone: its longest sample fits no micro-batch (rooms only shrink), or (packed tokens) the homeless samples
+    outweigh all the room, or more of them are longer than ``t`` than there are micro-batches with room for
+    ``t``, for some ``t`` over half the widest room (two such never share one).
+
+    ``refitted``: each failing rank's refit micro-batches and collated sizes; its ``num_microbatches`` fullest
+    (ties: the first) stay, the others' samples are homeless. ``packed``: the ranks that fit, ``None`` else."""
+    cap, rows, size_array = config.token_cap, config.padded_rows, np.asarray(sizes, dtype=np.int64)
+    collated = np.fromiter(chain.from_iterable(c for _, c in refitted), dtype=np.int64)
+    counts = np.fromiter(map(len, chain.from_iterable(bins for bins, _ in refitted)), dtype=np.int64,
+                         count=len(collated))
+    per_rank = np.fromiter((len(c) for _, c in refitted), dtype=np.int64, count=len(refitted))
+    owner = np.repeat(np.arange(len(refitted)), per_rank)
+    order = np.lexsort((-collated, owner))  # by rank, fullest first (ties: the first)
+    stays = np.empty(len(order), dtype=bool)
+    stays[order] = np.arange(len(order)) - np.repeat(np.cumsum(per_rank) - per_rank, per_rank) < num_microbatches
+    refit_bins = list(chain.from_iterable(bins for bins, _ in refitted))
+    homeless = size_array[np.fromiter(chain.from_iterable(refit_bins[b] for b in np.flatnonzero(~stays).tolist()),
+                                      dtype=np.int64)]
+    fitting = list(chain.from_iterable(bins for bins in packed if bins is not None))
+    fit_counts, _, fills, longest = padding.micro_batch_arrays(fitting, size_array)
+    kept_longest = collated[stays] // np.maximum(counts[stays], 1) if rows else collated[stays]
+    rooms = padding.rooms(counts=np.concatenate((counts[stays], fit_counts)),
+                          fills=np.concatenate((collated[stays], fills)),
+                          longest=np.concatenate((kept_longest, longest)), cap=cap, padded_rows=rows)
+    return _surely_homeless(np.sort(homeless)[::-1], rooms, packed_tokens=not rows)
+
+
+def _surely_homeless(left: np.ndarray, rooms: np.ndarray, *, packed_tokens: bool) -> bool:
+    """:func:`_rehome_fails`' tests on the homeless sizes ``left`` (longest first) and the micro-batches' ``rooms``."""
+    widest = int(rooms.max(initial=0))
+    if not len(left) or int(left[0]) > widest:
+        return bool(len(left))
+    if not packed_tokens:
+        return False
+    if int(left.sum()) > int(np.maximum(rooms, 0).sum()):
+        return True
+    wide = left[2 * left > widest]  # at most one of these per micro-batch
+    ascending = np.sort(rooms)
+    room_for = len(ascending) - np.searchsorted(ascending, wide, side="left")  # micro-batches with room >= size
+    return bool((np.arange(1, len(wide) + 1) > room_for).any())
 
 
 def _rehome(

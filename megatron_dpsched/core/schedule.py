@@ -297,6 +297,7 @@ def plan_schedule(
             f"{config.global_batch_size} step, and drop_last=True would drop them all"
         )
     _check_plan_size(config, steps)
+    steps = [range(step[0], step[-1] + 1) if step[-1] - step[0] + 1 == len(step) else step for step in steps]
     require_cost_model(cost_model)
     costs = sample_costs(lengths, _cost_function(config, cost_model))
     plans = [plan_step(step, lengths=lengths, costs=costs, config=config) for step in steps]
