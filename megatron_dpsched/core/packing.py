@@ -45,12 +45,19 @@ def bin_lower_bound(sizes: Sequence[int], cap: int, *, padded_rows: bool = False
 
 
 def chunk_count(sizes: Sequence[int], cap: int) -> int:
-    """Micro-batches of :func:`chunk_decreasing`: the fewest any padded-rows packing can use."""
-    ordered = sorted(sizes, reverse=True)
-    count = position = 0
-    while position < len(ordered):
-        position += max(1, cap // ordered[position])
-        count += 1
+    """Micro-batches of :func:`chunk_decreasing`: the fewest any padded-rows packing can use.
+
+    Counted per distinct size, longest first: the chunks that start on a run of ``n`` samples of size ``m``
+    from its ``p``-th sample on are ``ceil((n - p) / max(1, cap // m))``, and the next run starts where the
+    last of them ends."""
+    values, runs = np.unique(np.asarray(sizes, dtype=np.int64), return_counts=True)
+    count = position = end = 0
+    for value, run in zip(values[::-1].tolist(), runs[::-1].tolist()):
+        end += run
+        if position < end:
+            rows = max(1, cap // value)
+            chunks = -(-(end - position) // rows)
+            count, position = count + chunks, position + chunks * rows
     return count
 
 
@@ -309,7 +316,8 @@ def pack_ranks(
     receives the best-fit (or chunked) micro-batches of the ranks that do not fit, where this pass made them."""
     total, width = sum(len(items) for items in ranks), max((len(items) for items in ranks), default=0)
     if padded_rows:
-        return [_pack_rows(rank, items, sizes, cap, num_bins, refits=refits) for rank, items in enumerate(ranks)]
+        return [_pack_rows(rank, bins, loads, sizes, num_bins, refits=refits)
+                for rank, (bins, loads) in enumerate(_chunk_ranks(ranks, sizes, cap))]
     if len(ranks) < VECTOR_RANKS or width * len(ranks) > 4 * total + 65536:
         return [pack_into(items, sizes, cap, num_bins) for items in ranks]
     layout = _rank_grid(ranks, sizes)
@@ -327,16 +335,59 @@ def pack_ranks(
 
 
 def _pack_rows(
-    rank: int, items: Sequence[int], sizes: Sequence[int], cap: int, num_bins: int, *, refits: Refits | None
+    rank: int, bins: list[list[int]], loads: list[int], sizes: Sequence[int], num_bins: int, *,
+    refits: Refits | None,
 ) -> list[list[int]] | None:
-    """:func:`pack_into` with padded rows of one rank's ``items``; chunks that need more than ``num_bins`` go to
-    ``refits`` (when given) under ``rank``."""
-    bins = chunk_decreasing(items, sizes, cap)
+    """:func:`pack_into` with padded rows of one rank, from its :func:`chunk_decreasing` chunks ``bins`` (fresh)
+    and their collated sizes ``loads``; chunks that need more than ``num_bins`` go to ``refits`` (when given)
+    under ``rank``."""
     if len(bins) <= num_bins:
-        return split_to_count(bins, sizes, num_bins, padded_rows=True)
+        return _split_owned(bins, sizes, num_bins, padded_rows=True, loads=loads)
     if refits is not None:
-        refits[rank] = (bins, collated_sizes(bins, sizes, padded_rows=True))
+        refits[rank] = (bins, loads)
     return None
+
+
+def _chunk_ranks(
+    ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int
+) -> list[tuple[list[list[int]], list[int]]]:
+    """:func:`chunk_decreasing` of every rank's items, with each chunk's collated size (its row count times its
+    first, longest size), all ranks at once: step ``t`` cuts every rank's ``t``-th chunk."""
+    counts = np.fromiter(map(len, ranks), dtype=np.int64, count=len(ranks))
+    flat = np.fromiter(chain.from_iterable(ranks), dtype=np.int64, count=int(counts.sum()))
+    flat_sizes = np.asarray(sizes, dtype=np.int64)[flat]
+    order = _by_rank_longest(np.repeat(np.arange(len(ranks)), counts), flat_sizes, flat)
+    ordered, ordered_sizes = flat[order], flat_sizes[order]
+    ends = np.cumsum(counts)
+    position, starts = ends - counts, []
+    live = np.flatnonzero(position < ends)
+    while len(live):
+        starts.append(position[live])
+        position[live] += np.maximum(1, cap // ordered_sizes[position[live]])
+        live = live[position[live] < ends[live]]
+    first = np.sort(np.concatenate(starts)) if starts else np.zeros(0, dtype=np.int64)
+    last = np.minimum(first + np.maximum(1, cap // ordered_sizes[first]), np.repeat(ends, _chunks_per(first, ends)))
+    loads = ((last - first) * ordered_sizes[first]).tolist()
+    members, spans = ordered.tolist(), np.cumsum(_chunks_per(first, ends)).tolist()
+    chunks = [members[a:b] for a, b in zip(first.tolist(), last.tolist())]
+    return [(chunks[a:b], loads[a:b]) for a, b in zip([0, *spans[:-1]], spans)]
+
+
+def _by_rank_longest(owner: np.ndarray, item_sizes: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """``np.lexsort((ids, -item_sizes, owner))`` for distinct non-negative ``ids``: one sort of a key that packs
+    the three into an int64 where their bits fit (distinct keys: any sort gives that order)."""
+    if not len(ids):
+        return np.zeros(0, dtype=np.int64)
+    longest = int(item_sizes.max())
+    id_bits, size_bits = int(ids.max()).bit_length(), longest.bit_length()
+    if id_bits + size_bits + int(owner.max()).bit_length() > 62:
+        return np.lexsort((ids, -item_sizes, owner))
+    return np.argsort((owner << (size_bits + id_bits)) | ((longest - item_sizes) << id_bits) | ids)
+
+
+def _chunks_per(first: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """How many of the chunk starts ``first`` (ascending) lie in each rank, the ranks ending at ``ends``."""
+    return np.diff(np.searchsorted(first, ends, side="left"), prepend=0)
 
 
 VECTOR_RANKS = 16

@@ -281,7 +281,7 @@ def _global_packing(sizes: list[int], config: ScheduleConfig) -> list[list[int]]
     items, cap = range(len(sizes)), config.token_cap
     if config.padded_rows:
         return best_fit_decreasing(items, sizes, cap, padded_rows=True)
-    best_fit = best_fit_decreasing(items, sizes, cap)
+    best_fit = best_fit_decreasing(np.arange(len(sizes)), sizes, cap)  # the ids as an array: not converted again
     if _bins_count(best_fit, config) <= lower_bound_microbatches(sizes, config=config):
         return best_fit  # first fit cannot lower the count per rank
     return min(best_fit, first_fit(items, sizes, cap), key=len)
