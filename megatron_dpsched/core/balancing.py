@@ -184,20 +184,23 @@ def assign_bins(
     costs: Sequence[float],
     num_ranks: int,
     balance: bool,
+    bin_costs: np.ndarray | None = None,
 ) -> list[list[int]]:
     """Assign whole micro-batches to ranks, the same count to each.
 
     With ``balance`` it is LPT with a count limit; without, micro-batch ``i``
-    goes to rank ``i % num_ranks``. Returns bin ids per rank.
+    goes to rank ``i % num_ranks``. Returns bin ids per rank. ``bin_costs``: the bins'
+    :func:`python_sums` of ``costs``, when the caller has them.
     """
     assert len(bins) % num_ranks == 0, (len(bins), num_ranks)
     per_rank = len(bins) // num_ranks
     bin_ids = range(len(bins))
     if not balance:
         return [list(bin_ids[r::num_ranks]) for r in range(num_ranks)]
-    bin_costs = python_sums(costs, bins)
+    if bin_costs is None:
+        bin_costs = python_sums(costs, bins)
     return lpt_assign(
-        bin_ids, costs=bin_costs, weights=[1.0] * len(bins), capacity=per_rank, num_ranks=num_ranks
+        bin_ids, costs=bin_costs, weights=np.ones(len(bins)), capacity=per_rank, num_ranks=num_ranks
     )
 
 
@@ -209,9 +212,11 @@ def refine_by_moves(
     cap: int,
     max_moves: int,
     padded_rows: bool = False,
+    layout: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> float:
     """Move single samples off the busiest rank while that lowers its cost (in place); returns the refined plan's
-    :func:`peak_cost`.
+    :func:`peak_cost`. ``layout``: each micro-batch's sample count and all of ``plan``'s samples in plan order,
+    when the caller has them.
 
     Each move takes, from the busiest rank, the sample whose move to one of the :data:`TARGETS` lightest ranks
     (ties: the lower rank) lowers the pair's peak most; ties go to the lighter target, then to the sample that
@@ -221,7 +226,7 @@ def refine_by_moves(
     (always alone) are untouched. Every candidate sample is weighed against every target at once with NumPy
     (:class:`_Moves`); loads are running sums, as a one-by-one search keeps them.
     """
-    moves = _Moves(plan, sizes=sizes, costs=costs, cap=cap, padded_rows=padded_rows)
+    moves = _Moves(plan, sizes=sizes, costs=costs, cap=cap, padded_rows=padded_rows, layout=layout)
     for _ in range(max_moves):
         if not moves.step():
             break
@@ -238,13 +243,17 @@ class _Moves:
     in micro-batch order (``members``), its load and its widest room (the largest sample it still takes)."""
 
     def __init__(self, plan: list[list[list[int]]], *, sizes: Sequence[int], costs: Sequence[float], cap: int,
-                 padded_rows: bool) -> None:
+                 padded_rows: bool, layout: tuple[np.ndarray, np.ndarray] | None) -> None:
         self.plan, self.costs, self.cap, self.padded_rows = plan, costs, cap, padded_rows
         self.size_array = np.asarray(sizes, dtype=np.int64)
         self.cost_array = np.asarray(costs, dtype=np.float64)
-        bins = list(chain.from_iterable(plan))
         self.first = np.concatenate(([0], np.cumsum([len(rank) for rank in plan]))).tolist()
-        self.counts, flat, self.fills, self.longest = padding.micro_batch_arrays(bins, self.size_array)
+        if layout is None:
+            self.counts, flat, self.fills, self.longest = padding.micro_batch_arrays(
+                list(chain.from_iterable(plan)), self.size_array)
+        else:
+            self.counts, flat = layout[0].copy(), layout[1]
+            self.fills, self.longest = padding.bin_figures(self.counts, self.size_array[flat])
         per_rank = np.cumsum([0, *(int(self.counts[a:b].sum()) for a, b in zip(self.first, self.first[1:]))])
         self.members = [flat[a:b] for a, b in zip(per_rank[:-1], per_rank[1:])]
         self.loads = run_sums(costs, flat, np.diff(per_rank))

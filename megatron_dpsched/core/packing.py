@@ -237,10 +237,10 @@ def split_to_count(
     ``padded_rows`` a bin splits into its longer and its shorter samples (less padding), else into two
     of near-equal tokens. Parts never exceed the whole.
     """
-    return _split_owned([list(b) for b in bins], sizes, num_bins, padded_rows=padded_rows, loads=loads)
+    return split_owned([list(b) for b in bins], sizes, num_bins, padded_rows=padded_rows, loads=loads)
 
 
-def _split_owned(
+def split_owned(
     out: list[list[int]], sizes: Sequence[int], num_bins: int, *, padded_rows: bool = False,
     loads: Sequence[int] | None = None,
 ) -> list[list[int]]:
@@ -267,7 +267,7 @@ def _split_owned(
 
 
 def _fullest(bins: list[list[int]], loads: Sequence[int], splits: int) -> list[tuple[int, int]]:
-    """The heap of ``(-load, bin)`` of :func:`_split_owned`'s multi-sample bins, only the ``splits`` first in that
+    """The heap of ``(-load, bin)`` of :func:`split_owned`'s multi-sample bins, only the ``splits`` first in that
     order: each split pops one entry and the bins' own entries pop in their order, so ``splits`` splits never
     reach a later one."""
     candidates = np.flatnonzero(np.fromiter(map(len, bins), dtype=np.int64, count=len(bins)) > 1)
@@ -328,7 +328,7 @@ def pack_ranks(
     subset = _grid_subset(layout, np.array([bins is None for bins in packed], dtype=bool))
     best_fits = best_fit_ranks([ranks[r] for r in overflowed], sizes, cap, layout=subset)
     for r, (bins, loads) in zip(overflowed, best_fits, strict=True):
-        packed[r] = None if len(bins) > num_bins else _split_owned(bins, sizes, num_bins, loads=loads)  # fresh
+        packed[r] = None if len(bins) > num_bins else split_owned(bins, sizes, num_bins, loads=loads)  # fresh
         if packed[r] is None and refits is not None:
             refits[r] = (bins, loads)
     return packed
@@ -342,7 +342,7 @@ def _pack_rows(
     and their collated sizes ``loads``; chunks that need more than ``num_bins`` go to ``refits`` (when given)
     under ``rank``."""
     if len(bins) <= num_bins:
-        return _split_owned(bins, sizes, num_bins, padded_rows=True, loads=loads)
+        return split_owned(bins, sizes, num_bins, padded_rows=True, loads=loads)
     if refits is not None:
         refits[rank] = (bins, loads)
     return None

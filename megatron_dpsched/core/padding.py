@@ -116,13 +116,25 @@ def collated_sizes(bins: Sequence[Sequence[int]], sizes: Sequence[int], *, padde
         flat_sizes = np.asarray(sizes, dtype=np.int64)[flat]
     else:
         flat_sizes = np.fromiter(map(sizes.__getitem__, chain.from_iterable(bins)), dtype=np.int64, count=total)
+    return collated_of(counts, flat_sizes, padded_rows=padded_rows).tolist()
+
+
+def collated_of(counts: np.ndarray, flat_sizes: np.ndarray, *, padded_rows: bool) -> np.ndarray:
+    """:func:`collated_size` of micro-batches laid end to end: their sample counts and their samples' sizes."""
+    fills, longest = bin_figures(counts, flat_sizes)
+    return longest * counts if padded_rows else fills
+
+
+def bin_figures(counts: np.ndarray, flat_sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each micro-batch's planned tokens and longest planned size (0 for an empty one), from the micro-batches'
+    sample counts and their samples' planned sizes laid end to end."""
+    fills, longest = np.zeros(len(counts), dtype=np.int64), np.zeros(len(counts), dtype=np.int64)
     filled = counts > 0
-    starts = (np.cumsum(counts) - counts)[filled]  # a filled bin's samples run to the next filled bin's start
-    out = np.zeros(len(bins), dtype=np.int64)
-    if len(flat_sizes):
-        reduce = np.maximum if padded_rows else np.add
-        out[filled] = reduce.reduceat(flat_sizes, starts)
-    return (out * counts if padded_rows else out).tolist()
+    if len(flat_sizes):  # a filled micro-batch's samples run to the next filled one's start
+        starts = (np.cumsum(counts) - counts)[filled]
+        fills[filled] = np.add.reduceat(flat_sizes, starts)
+        longest[filled] = np.maximum.reduceat(flat_sizes, starts)
+    return fills, longest
 
 
 def micro_batch_arrays(bins: Sequence[Sequence[int]], sizes: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -130,11 +142,4 @@ def micro_batch_arrays(bins: Sequence[Sequence[int]], sizes: np.ndarray) -> tupl
     planned size (0 for an empty one), from one pass over ``bins`` (``sizes``: every sample's, as an array)."""
     counts = np.fromiter(map(len, bins), dtype=np.int64, count=len(bins))
     flat = np.fromiter(chain.from_iterable(bins), dtype=np.int64, count=int(counts.sum()))
-    flat_sizes = sizes[flat]
-    fills, longest = np.zeros(len(bins), dtype=np.int64), np.zeros(len(bins), dtype=np.int64)
-    filled = counts > 0
-    if len(flat):  # a filled micro-batch's samples run to the next filled one's start
-        starts = (np.cumsum(counts) - counts)[filled]
-        fills[filled] = np.add.reduceat(flat_sizes, starts)
-        longest[filled] = np.maximum.reduceat(flat_sizes, starts)
-    return counts, flat, fills, longest
+    return counts, flat, *bin_figures(counts, sizes[flat])

@@ -11,11 +11,19 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from itertools import chain
+from operator import is_not
 
 import numpy as np
 
 from megatron_dpsched.core import padding
-from megatron_dpsched.core.balancing import assign_bins, lpt_assign, peak_cost, python_sums, refine_by_moves
+from megatron_dpsched.core.balancing import (
+    assign_bins,
+    lpt_assign,
+    peak_cost,
+    python_sums,
+    refine_by_moves,
+    run_sums,
+)
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
 from megatron_dpsched.core.objective import MAX_STALE_COUNTS, count_bound, plan_for_step_time, tail_heavy
 from megatron_dpsched.core.ordering import order_micro_batches
@@ -26,6 +34,7 @@ from megatron_dpsched.core.packing import (
     bin_lower_bound,
     first_fit,
     pack_ranks,
+    split_owned,
     split_to_count,
 )
 from megatron_dpsched.core.padding import collated_sizes
@@ -63,8 +72,9 @@ def plan_step(
         ranks = _plan_dynamic(local_sizes, local_costs, config=config)
     if config.step_time_model is not None:  # step 7 returns its plan in run order
         ranks = _plan_step_time(ranks, local_sizes, local_costs, config=config)
-    else:
-        ranks = [order_micro_batches(rank, local_costs, config.microbatch_order) for rank in ranks]
+    else:  # rank by rank in place: each rank's unordered micro-batches are freed as the next are ordered
+        for r in range(len(ranks)):
+            ranks[r] = order_micro_batches(ranks[r], local_costs, config.microbatch_order)
     if contiguous and first == 0:
         return ranks
     if contiguous:
@@ -140,7 +150,7 @@ def _plan_dynamic(sizes: list[int], costs: list[float], *, config: ScheduleConfi
     ``balance="none"`` goes straight to it.
     """
     if config.balance == "none":
-        return _plan_by_bins(_global_packing(sizes, config), sizes, costs, config=config)
+        return _plan_by_bins(_global_packing(sizes, config), sizes, costs, config=config)[0]
     balanced = _balanced_peak(costs, config)
     num_microbatches = lower = lower_bound_microbatches(sizes, config=config)
     plan = _assign_and_pack(sizes, costs, config=config, num_microbatches=num_microbatches)
@@ -157,10 +167,11 @@ def _plan_dynamic(sizes: list[int], costs: list[float], *, config: ScheduleConfi
         if peak > balanced:
             global_bins = global_bins or _global_packing(sizes, config)
             upper = _bins_count(global_bins, config)
+            layout = None
             if plan is None and best is None and num_microbatches >= upper:
-                plan = _plan_by_bins(global_bins, sizes, costs, config=config)
+                plan, layout = _plan_by_bins(global_bins, sizes, costs, config=config)
             if plan is not None:
-                peak = _refine(plan, sizes, costs, config=config)
+                peak = _refine(plan, sizes, costs, config=config, layout=layout)
         stale = stale + 1 if best is not None else 0
         if peak < best_peak * (1 - BALANCE_TOLERANCE):
             best, best_peak, stale = plan, peak, 0
@@ -220,13 +231,15 @@ def _balanced_peak(costs: list[float], config: ScheduleConfig) -> float:
     return max(sum(costs) / config.dp_size, max(costs)) * (1 + BALANCE_TOLERANCE)
 
 
-def _refine(plan: list[RankPlan], sizes: list[int], costs: list[float], *, config: ScheduleConfig) -> float:
+def _refine(
+    plan: list[RankPlan], sizes: list[int], costs: list[float], *, config: ScheduleConfig, layout: Layout | None = None
+) -> float:
     """Step 5's refinement (:func:`~megatron_dpsched.core.balancing.refine_by_moves`, in place): single samples
     move off the busiest rank into a lighter rank's micro-batch with room while that lowers the busiest rank's
     cost, at most ``4 * dp_size`` moves; returns the refined plan's busiest rank's cost
-    (:func:`~megatron_dpsched.core.balancing.peak_cost`)."""
+    (:func:`~megatron_dpsched.core.balancing.peak_cost`). ``layout``: the plan's :data:`Layout`, if known."""
     return refine_by_moves(plan, sizes=sizes, costs=costs, cap=config.token_cap, max_moves=4 * config.dp_size,
-                           padded_rows=config.padded_rows)
+                           padded_rows=config.padded_rows, layout=layout)
 
 
 def _bins_count(bins: list[list[int]], config: ScheduleConfig) -> int:
@@ -288,16 +301,53 @@ def _global_packing(sizes: list[int], config: ScheduleConfig) -> list[list[int]]
 
 
 def _plan_by_bins(
-    bins: list[list[int]], sizes: list[int], costs: list[float], *, config: ScheduleConfig
-) -> list[RankPlan]:
+    bins: list[list[int]], sizes: Sequence[int], costs: Sequence[float], *, config: ScheduleConfig
+) -> tuple[list[RankPlan], Layout]:
     """Step 5's fallback: the global micro-batches ``bins`` split to ``U * dp_size``
     (:func:`~megatron_dpsched.core.packing.split_to_count`) and dealt to ranks by LPT on cost, which always
-    works (``balance="none"``: round-robin)."""
-    dp = config.dp_size
+    works (``balance="none"``: round-robin). ``bins`` are handed over: their lists become the plan's.
+
+    Also returns the plan's :data:`Layout`. The bins are flattened once: their collated sizes, costs and the
+    layout come from that, and only the bins the split made are read again."""
+    dp, rows = config.dp_size, config.padded_rows
     num_microbatches = config.layout.align(math.ceil(len(bins) / dp))
-    bins = split_to_count(bins, sizes, num_microbatches * dp, padded_rows=config.padded_rows)
-    owners = assign_bins(bins, costs=costs, num_ranks=dp, balance=config.balance != "none")
-    return [[bins[b] for b in owned] for owned in owners]
+    counts, flat = _flatten(bins)
+    size_array = np.asarray(sizes, dtype=np.int64)
+    loads = padding.collated_of(counts, size_array[flat], padded_rows=rows).tolist()
+    split = split_owned(list(bins), sizes, num_microbatches * dp, padded_rows=rows, loads=loads)
+    made = np.flatnonzero(np.fromiter(map(is_not, bins, split), dtype=bool, count=len(bins))).tolist()
+    made += range(len(bins), len(split))
+    made_counts, made_flat = _flatten([split[b] for b in made])
+    bin_costs = None
+    if config.balance != "none":
+        bin_costs = np.concatenate((run_sums(costs, flat, counts), np.zeros(len(split) - len(bins))))
+        bin_costs[made] = python_sums(costs, [split[b] for b in made])
+    starts = np.zeros(len(split), dtype=np.int64)
+    starts[:len(bins)] = np.cumsum(counts) - counts
+    starts[made] = len(flat) + np.cumsum(made_counts) - made_counts
+    counts = np.concatenate((counts, np.zeros(len(split) - len(bins), dtype=np.int64)))
+    counts[made] = made_counts
+    owners = assign_bins(split, costs=costs, num_ranks=dp, balance=config.balance != "none", bin_costs=bin_costs)
+    order = np.fromiter(chain.from_iterable(owners), dtype=np.int64, count=len(split))
+    return [[split[b] for b in owned] for owned in owners], _gather_runs(np.concatenate((flat, made_flat)),
+                                                                       starts[order], counts[order])
+
+
+Layout = tuple[np.ndarray, np.ndarray]
+"""A plan's micro-batches' sample counts (rank by rank, in plan order) and all its samples in that order."""
+
+
+def _flatten(bins: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """The bins' sample counts and their samples laid end to end."""
+    counts = np.fromiter(map(len, bins), dtype=np.int64, count=len(bins))
+    return counts, np.fromiter(chain.from_iterable(bins), dtype=np.int64, count=int(counts.sum()))
+
+
+def _gather_runs(values: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> Layout:
+    """The runs ``values[start : start + count]``, in the order given, laid end to end; with their counts."""
+    ends = np.cumsum(counts)
+    index = np.arange(int(ends[-1]) if len(ends) else 0) + np.repeat(starts - (ends - counts), counts)
+    return counts, values[index]
 
 
 def _assign_and_pack(
