@@ -301,9 +301,9 @@ def pack_into(
     return split_to_count(bins, sizes, num_bins)
 
 
-Refits = dict[int, tuple[list[list[int]], list[int]]]
+Refits = dict[int, "BinArrays"]
 """Per rank that does not fit: its best-fit decreasing micro-batches (padded rows: :func:`chunk_decreasing`'s)
-and their collated sizes."""
+with their collated sizes, as arrays."""
 
 
 def pack_ranks(
@@ -316,8 +316,8 @@ def pack_ranks(
     receives the best-fit (or chunked) micro-batches of the ranks that do not fit, where this pass made them."""
     total, width = sum(len(items) for items in ranks), max((len(items) for items in ranks), default=0)
     if padded_rows:
-        return [_pack_rows(rank, bins, loads, sizes, num_bins, refits=refits)
-                for rank, (bins, loads) in enumerate(_chunk_ranks(ranks, sizes, cap))]
+        return [_fit_or_refit(rank, bins, sizes, num_bins, padded_rows=True, refits=refits)
+                for rank, bins in enumerate(_chunk_ranks(ranks, sizes, cap))]
     if len(ranks) < VECTOR_RANKS or width * len(ranks) > 4 * total + 65536:
         return [pack_into(items, sizes, cap, num_bins) for items in ranks]
     layout = _rank_grid(ranks, sizes)
@@ -326,31 +326,25 @@ def pack_ranks(
     if not overflowed:
         return packed
     subset = _grid_subset(layout, np.array([bins is None for bins in packed], dtype=bool))
-    best_fits = best_fit_ranks([ranks[r] for r in overflowed], sizes, cap, layout=subset)
-    for r, (bins, loads) in zip(overflowed, best_fits, strict=True):
-        packed[r] = None if len(bins) > num_bins else split_owned(bins, sizes, num_bins, loads=loads)  # fresh
-        if packed[r] is None and refits is not None:
-            refits[r] = (bins, loads)
+    best_fits = _best_fit_arrays([ranks[r] for r in overflowed], sizes, cap, layout=subset)
+    for r, bins in zip(overflowed, best_fits, strict=True):
+        packed[r] = _fit_or_refit(r, bins, sizes, num_bins, padded_rows=False, refits=refits)
     return packed
 
 
-def _pack_rows(
-    rank: int, bins: list[list[int]], loads: list[int], sizes: Sequence[int], num_bins: int, *,
-    refits: Refits | None,
+def _fit_or_refit(
+    rank: int, bins: BinArrays, sizes: Sequence[int], num_bins: int, *, padded_rows: bool, refits: Refits | None
 ) -> list[list[int]] | None:
-    """:func:`pack_into` with padded rows of one rank, from its :func:`chunk_decreasing` chunks ``bins`` (fresh)
-    and their collated sizes ``loads``; chunks that need more than ``num_bins`` go to ``refits`` (when given)
-    under ``rank``."""
-    if len(bins) <= num_bins:
-        return split_owned(bins, sizes, num_bins, padded_rows=True, loads=loads)
+    """``rank``'s best-fit (padded rows: chunked) micro-batches ``bins`` split to ``num_bins``
+    (:func:`split_owned`), or ``None`` where they are more, and then ``bins`` go to ``refits`` (when given)."""
+    if len(bins.counts) <= num_bins:
+        return split_owned(bins.bins(), sizes, num_bins, padded_rows=padded_rows, loads=bins.loads.tolist())
     if refits is not None:
-        refits[rank] = (bins, loads)
+        refits[rank] = bins
     return None
 
 
-def _chunk_ranks(
-    ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int
-) -> list[tuple[list[list[int]], list[int]]]:
+def _chunk_ranks(ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int) -> list[BinArrays]:
     """:func:`chunk_decreasing` of every rank's items, with each chunk's collated size (its row count times its
     first, longest size), all ranks at once: step ``t`` cuts every rank's ``t``-th chunk."""
     counts = np.fromiter(map(len, ranks), dtype=np.int64, count=len(ranks))
@@ -366,11 +360,11 @@ def _chunk_ranks(
         position[live] += np.maximum(1, cap // ordered_sizes[position[live]])
         live = live[position[live] < ends[live]]
     first = np.sort(np.concatenate(starts)) if starts else np.zeros(0, dtype=np.int64)
-    last = np.minimum(first + np.maximum(1, cap // ordered_sizes[first]), np.repeat(ends, _chunks_per(first, ends)))
-    loads = ((last - first) * ordered_sizes[first]).tolist()
-    members, spans = ordered.tolist(), np.cumsum(_chunks_per(first, ends)).tolist()
-    chunks = [members[a:b] for a, b in zip(first.tolist(), last.tolist())]
-    return [(chunks[a:b], loads[a:b]) for a, b in zip([0, *spans[:-1]], spans)]
+    per_rank = _chunks_per(first, ends)
+    rows = np.minimum(first + np.maximum(1, cap // ordered_sizes[first]), np.repeat(ends, per_rank)) - first
+    loads, spans = rows * ordered_sizes[first], np.cumsum(per_rank).tolist()
+    return [BinArrays(members=ordered[e - c : e], counts=rows[a:b], loads=loads[a:b])
+            for a, b, c, e in zip([0, *spans[:-1]], spans, counts.tolist(), ends.tolist())]
 
 
 def _by_rank_longest(owner: np.ndarray, item_sizes: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -480,6 +474,13 @@ def best_fit_ranks(
     if len(ranks) < VECTOR_RANKS:
         return [(bins, [sum(sizes[i] for i in b) for b in bins])
                 for bins in (best_fit_decreasing(items, sizes, cap) for items in ranks)]
+    return [(bins.bins(), bins.loads.tolist()) for bins in _best_fit_arrays(ranks, sizes, cap, layout=layout)]
+
+
+def _best_fit_arrays(
+    ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int, *, layout: Grid | None = None
+) -> list[BinArrays]:
+    """:func:`best_fit_ranks` of at least :data:`VECTOR_RANKS` ranks, each rank's bins as :class:`BinArrays`."""
     flat_items, item_sizes, owner, column, grid = layout or _rank_grid(ranks, sizes)
     rows, counts = np.arange(len(ranks)), np.bincount(owner, minlength=len(ranks))
     kind = small_int(cap + 2)  # sizes over the cap count as cap + 1: they only ever open a bin
@@ -504,11 +505,36 @@ def best_fit_ranks(
         left[(left == 0) | (size >= cap)] = -1
         room[rows, at] = left  # a rank past its last item has no use for its rooms
         chosen[t] = at
-    key = owner * widest + chosen[column, owner]
-    bins = _gather_bins(flat_items, key, len(ranks) * widest)
-    loads = np.bincount(key, weights=item_sizes, minlength=len(ranks) * widest).astype(np.int64).tolist()
-    return [(bins[r * widest : r * widest + n], loads[r * widest : r * widest + n])
-            for r, n in enumerate(opened.tolist())]
+    key = (owner * widest + chosen[column, owner]).astype(small_int(len(ranks) * widest))
+    members = flat_items[np.argsort(key, kind="stable")]
+    bin_counts = np.bincount(key, minlength=len(ranks) * widest)
+    loads = np.bincount(key, weights=item_sizes, minlength=len(ranks) * widest).astype(np.int64)
+    ends = np.cumsum(counts)
+    return [BinArrays(members=members[e - c : e], counts=bin_counts[r * widest : r * widest + n],
+                      loads=loads[r * widest : r * widest + n])
+            for r, (n, c, e) in enumerate(zip(opened.tolist(), counts.tolist(), ends.tolist()))]
+
+
+class BinArrays:
+    """Micro-batches as arrays: their samples micro-batch by micro-batch (``members``), each one's sample count
+    (``counts``) and collated size (``loads``); :meth:`bins` as lists."""
+
+    __slots__ = ("members", "counts", "loads")
+
+    def __init__(self, *, members: np.ndarray, counts: np.ndarray, loads: np.ndarray) -> None:
+        self.members, self.counts, self.loads = members, counts, loads
+
+    @classmethod
+    def of(cls, bins: Sequence[Sequence[int]], loads: Sequence[int]) -> BinArrays:
+        """The arrays of micro-batches given as lists, with their collated sizes."""
+        counts = np.fromiter(map(len, bins), dtype=np.int64, count=len(bins))
+        members = np.fromiter(chain.from_iterable(bins), dtype=np.int64, count=int(counts.sum()))
+        return cls(members=members, counts=counts, loads=np.asarray(loads, dtype=np.int64))
+
+    def bins(self) -> list[list[int]]:
+        """The micro-batches as lists of sample ids."""
+        members, bounds = self.members.tolist(), np.cumsum(self.counts).tolist()
+        return [members[a:b] for a, b in zip([0, *bounds[:-1]], bounds)]
 
 
 def small_int(count: int) -> type:

@@ -28,6 +28,7 @@ from megatron_dpsched.core.config import RankPlan, ScheduleConfig
 from megatron_dpsched.core.objective import MAX_STALE_COUNTS, count_bound, plan_for_step_time, tail_heavy
 from megatron_dpsched.core.ordering import order_micro_batches
 from megatron_dpsched.core.packing import (
+    BinArrays,
     Refits,
     best_fit_decreasing,
     best_fit_ranks,
@@ -393,18 +394,19 @@ def _repair_overflow(
     failing = [rank for rank, bins in enumerate(packed) if bins is None]
     missing = [rank for rank in failing if rank not in refits]
     if rows:
-        refits.update((r, (bins, collated_sizes(bins, sizes, padded_rows=True)))
+        refits.update((r, BinArrays.of(bins, collated_sizes(bins, sizes, padded_rows=True)))
                       for r, bins in zip(missing, (best_fit_decreasing(ranks[r], sizes, cap, padded_rows=True)
                                                    for r in missing), strict=True))
     else:
-        refits.update(zip(missing, best_fit_ranks([ranks[r] for r in missing], sizes, cap), strict=True))
+        refits.update((r, BinArrays.of(bins, loads)) for r, (bins, loads) in
+                      zip(missing, best_fit_ranks([ranks[r] for r in missing], sizes, cap), strict=True))
     if _rehome_fails(packed, [refits[r] for r in failing], sizes=sizes, config=config,
                      num_microbatches=num_microbatches):
         return None
     loads = python_sums(costs, ranks).tolist()
     homeless: list[int] = []
     bins_per_rank = list(packed)
-    for rank, (bins, collated) in ((r, refits[r]) for r in failing):
+    for rank, (bins, collated) in ((r, (refits[r].bins(), refits[r].loads.tolist())) for r in failing):
         order = sorted(range(len(bins)), key=lambda b: -collated[b])
         for item in (i for b in order[num_microbatches:] for i in bins[b]):
             homeless.append(item)
@@ -417,28 +419,25 @@ def _repair_overflow(
 
 
 def _rehome_fails(
-    packed: list[RankPlan | None], refitted: list[tuple[list[list[int]], list[int]]], *, sizes: Sequence[int],
-    config: ScheduleConfig, num_microbatches: int,
+    packed: list[RankPlan | None], refitted: list[BinArrays], *, sizes: Sequence[int], config: ScheduleConfig,
+    num_microbatches: int,
 ) -> bool:
     """Whether :func:`_rehome` fails for certain, from the micro-batches' rooms and the homeless samples' sizes
     alone: its longest sample fits no micro-batch (rooms only shrink), or (packed tokens) the homeless samples
     outweigh all the room, or more of them are longer than ``t`` than there are micro-batches with room for
     ``t``, for some ``t`` over half the widest room (two such never share one).
 
-    ``refitted``: each failing rank's refit micro-batches and collated sizes; its ``num_microbatches`` fullest
-    (ties: the first) stay, the others' samples are homeless. ``packed``: the ranks that fit, ``None`` else."""
+    ``refitted``: each failing rank's refit micro-batches; its ``num_microbatches`` fullest (ties: the first)
+    stay, the others' samples are homeless. ``packed``: the ranks that fit, ``None`` else."""
     cap, rows, size_array = config.token_cap, config.padded_rows, np.asarray(sizes, dtype=np.int64)
-    collated = np.fromiter(chain.from_iterable(c for _, c in refitted), dtype=np.int64)
-    counts = np.fromiter(map(len, chain.from_iterable(bins for bins, _ in refitted)), dtype=np.int64,
-                         count=len(collated))
-    per_rank = np.fromiter((len(c) for _, c in refitted), dtype=np.int64, count=len(refitted))
-    owner = np.repeat(np.arange(len(refitted)), per_rank)
-    order = np.lexsort((-collated, owner))  # by rank, fullest first (ties: the first)
+    collated = np.concatenate([bins.loads for bins in refitted]) if refitted else np.zeros(0, dtype=np.int64)
+    counts = np.concatenate([bins.counts for bins in refitted]) if refitted else np.zeros(0, dtype=np.int64)
+    per_rank = np.fromiter((len(bins.counts) for bins in refitted), dtype=np.int64, count=len(refitted))
+    order = np.lexsort((-collated, np.repeat(np.arange(len(refitted)), per_rank)))  # by rank, fullest first
     stays = np.empty(len(order), dtype=bool)
     stays[order] = np.arange(len(order)) - np.repeat(np.cumsum(per_rank) - per_rank, per_rank) < num_microbatches
-    refit_bins = list(chain.from_iterable(bins for bins, _ in refitted))
-    homeless = size_array[np.fromiter(chain.from_iterable(refit_bins[b] for b in np.flatnonzero(~stays).tolist()),
-                                      dtype=np.int64)]
+    members = np.concatenate([bins.members for bins in refitted]) if refitted else np.zeros(0, dtype=np.int64)
+    homeless = size_array[members[~np.repeat(stays, counts)]]
     fitting = list(chain.from_iterable(bins for bins in packed if bins is not None))
     fit_counts, _, fills, longest = padding.micro_batch_arrays(fitting, size_array)
     kept_longest = collated[stays] // np.maximum(counts[stays], 1) if rows else collated[stays]

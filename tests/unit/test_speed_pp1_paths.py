@@ -49,10 +49,10 @@ def test_padded_rows_chunks_of_all_ranks_at_once_are_each_ranks_own(seed: int) -
     ranks = [ids[a:b] for a, b in zip([0, *cuts], [*cuts, len(ids)])]
     chunked = _chunk_ranks(ranks, sizes, cap)
     assert len(chunked) == len(ranks)
-    for items, (bins, loads) in zip(ranks, chunked, strict=True):
+    for items, bins in zip(ranks, chunked, strict=True):
         expected = reference_chunks(items, sizes, cap)
-        assert bins == expected
-        assert loads == [len(b) * max(sizes[i] for i in b) for b in expected]
+        assert bins.bins() == expected and bins.counts.tolist() == [len(b) for b in expected]
+        assert bins.loads.tolist() == [len(b) * max(sizes[i] for i in b) for b in expected]
     assert chunk_count(sizes, cap) == len(reference_chunks(ids, sizes, cap))
 
 
