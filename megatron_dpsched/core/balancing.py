@@ -47,8 +47,10 @@ def lpt_assign(
         ids = np.fromiter(items, dtype=np.int64) if not isinstance(items, np.ndarray) else items.astype(np.int64)
     if len(ids) == 0:
         return [[] for _ in range(num_ranks)]
-    item_costs = np.asarray(costs, dtype=np.float64)[ids]
-    item_weights = np.asarray(weights, dtype=np.float64)[ids]
+    item_costs, item_weights = np.asarray(costs, dtype=np.float64), np.asarray(weights, dtype=np.float64)
+    whole = isinstance(items, range) and items.start == 0 and items.step == 1
+    if not (whole and len(ids) == len(item_costs) == len(item_weights)):
+        item_costs, item_weights = item_costs[ids], item_weights[ids]  # else: every item, in order (no copies)
     order = dearest_first(ids, item_costs, item_weights)
     ids, item_costs, item_weights = ids[order], item_costs[order], item_weights[order]
     owners = _deal(item_costs, item_weights, capacity=float(capacity), num_ranks=num_ranks)

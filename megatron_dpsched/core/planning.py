@@ -314,7 +314,7 @@ def _plan_by_bins(
     num_microbatches = config.layout.align(math.ceil(len(bins) / dp))
     counts, flat = _flatten(bins)
     size_array = np.asarray(sizes, dtype=np.int64)
-    loads = padding.collated_of(counts, size_array[flat], padded_rows=rows).tolist()
+    loads = padding.collated_of(counts, size_array[flat], padded_rows=rows)
     split = split_owned(list(bins), sizes, num_microbatches * dp, padded_rows=rows, loads=loads)
     made = np.flatnonzero(np.fromiter(map(is_not, bins, split), dtype=bool, count=len(bins))).tolist()
     made += range(len(bins), len(split))
@@ -347,7 +347,8 @@ def _flatten(bins: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
 def _gather_runs(values: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> Layout:
     """The runs ``values[start : start + count]``, in the order given, laid end to end; with their counts."""
     ends = np.cumsum(counts)
-    index = np.arange(int(ends[-1]) if len(ends) else 0) + np.repeat(starts - (ends - counts), counts)
+    index = np.repeat(starts - (ends - counts), counts)
+    index += np.arange(len(index))
     return counts, values[index]
 
 
@@ -363,10 +364,8 @@ def _assign_and_pack(
     (:func:`_repair_overflow`).
     """
     cap, rows = config.token_cap, config.padded_rows
-    weights = np.minimum(np.asarray(sizes, dtype=np.int64), cap)
-    ranks = lpt_assign(
-        range(len(sizes)), costs=costs, weights=weights, capacity=num_microbatches * cap, num_ranks=config.dp_size
-    )
+    ranks = lpt_assign(range(len(sizes)), costs=costs, weights=np.minimum(np.asarray(sizes, dtype=np.int64), cap),
+                       capacity=num_microbatches * cap, num_ranks=config.dp_size)
     if ranks is None:
         return None
     refits: Refits = {}
