@@ -336,7 +336,7 @@ def python_sums(values: Sequence[float], runs: Sequence[Sequence[int]]) -> np.nd
 def run_sums(values: Sequence[float], flat: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """:func:`python_sums` of runs laid end to end in ``flat`` (``counts``: their lengths)."""
     width = int(counts.max(initial=0))
-    if width > WIDEST_RUN or set(map(type, values)) - {float}:
+    if width > WIDEST_RUN or not padding.all_floats(values):
         items, bounds = flat.tolist(), np.cumsum(counts).tolist()
         return np.array([sum(map(values.__getitem__, items[a:b])) for a, b in zip([0, *bounds[:-1]], bounds)],
                         dtype=np.float64)

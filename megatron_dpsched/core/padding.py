@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import cached_property
 from itertools import chain
 
 import numpy as np
@@ -38,11 +39,24 @@ class ArrayTuple(tuple):
         made.values = values
         return made
 
+    def __reduce__(self) -> tuple[type[ArrayTuple], tuple[tuple[float, ...], np.ndarray]]:
+        return ArrayTuple, (tuple(self), self.values)
+
+    @cached_property
+    def floats(self) -> bool:
+        """Whether every item is a Python ``float`` (checked once)."""
+        return not set(map(type, self)) - {float}
+
     def __array__(self, dtype: np.dtype | None = None, copy: bool | None = None) -> np.ndarray:
         values = self.values
         if dtype is not None and values.dtype != np.dtype(dtype):
             return values.astype(dtype)
         return values.copy() if copy else values
+
+
+def all_floats(values: Sequence[object]) -> bool:
+    """Whether every value is a Python ``float`` (an :class:`ArrayTuple` answers from its check, made once)."""
+    return values.floats if isinstance(values, ArrayTuple) else not set(map(type, values)) - {float}
 
 
 def step_sizes(lengths: Sequence[int], *, pad_multiple: int) -> ArrayTuple:

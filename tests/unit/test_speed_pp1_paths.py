@@ -5,6 +5,7 @@ succeeds), the fallback deal's flattened layout, and the step's sizes and costs 
 from __future__ import annotations
 
 import copy
+import pickle
 import random
 from itertools import chain
 
@@ -15,7 +16,7 @@ from megatron_dpsched.core import planning
 from megatron_dpsched.core.balancing import assign_bins, lpt_assign
 from megatron_dpsched.core.config import ScheduleConfig
 from megatron_dpsched.core.packing import _chunk_ranks, chunk_count, pack_ranks, split_to_count
-from megatron_dpsched.core.padding import ArrayTuple, collated_sizes, step_sizes
+from megatron_dpsched.core.padding import ArrayTuple, all_floats, collated_sizes, step_sizes
 
 
 def reference_chunks(items: list[int], sizes: list[int], cap: int) -> list[list[int]]:
@@ -132,3 +133,11 @@ def test_step_sizes_and_costs_are_read_by_numpy_from_one_read_only_array() -> No
         np.asarray(sizes)[0] = 1
     plain = step_sizes([5, 17, 3], pad_multiple=1)
     assert plain == (5, 17, 3) and np.asarray(plain).tolist() == [5, 17, 3]
+
+
+def test_an_array_tuple_survives_pickling_and_knows_whether_its_items_are_floats() -> None:
+    costs = ArrayTuple((1.5, 2.0), np.array([1.5, 2.0]))
+    again = pickle.loads(pickle.dumps(costs))
+    assert type(again) is ArrayTuple and again == (1.5, 2.0) and np.asarray(again).tolist() == [1.5, 2.0]
+    assert all_floats(costs) and all_floats([1.0, 2.0])
+    assert not all_floats(ArrayTuple((1, 2.0), np.array([1.0, 2.0]))) and not all_floats([1, 2.0])
