@@ -29,7 +29,21 @@ def lpt_assign(
     capacity: float,
     num_ranks: int,
 ) -> list[list[int]] | None:
-    """Assign ``items`` to ``num_ranks`` ranks, largest cost first, each to the lightest rank with room.
+    """:func:`lpt_ranks` with each rank's items as a list."""
+    ranks = lpt_ranks(items, costs=costs, weights=weights, capacity=capacity, num_ranks=num_ranks)
+    return None if ranks is None else [rank.tolist() for rank in ranks]
+
+
+def lpt_ranks(
+    items: Sequence[int],
+    *,
+    costs: Sequence[float],
+    weights: Sequence[float],
+    capacity: float,
+    num_ranks: int,
+) -> list[np.ndarray] | None:
+    """Assign ``items`` to ``num_ranks`` ranks, largest cost first, each to the lightest rank with room; each
+    rank's items in the order dealt, as an int64 array (views of one array).
 
     A rank holds items whose ``weights`` sum to at most ``capacity``. Returns ``None`` when some item
     fits on no rank. Items of equal cost and weight come in index order; ties between ranks go to the
@@ -46,7 +60,7 @@ def lpt_assign(
     else:
         ids = np.fromiter(items, dtype=np.int64) if not isinstance(items, np.ndarray) else items.astype(np.int64)
     if len(ids) == 0:
-        return [[] for _ in range(num_ranks)]
+        return [ids[:0] for _ in range(num_ranks)]
     item_costs, item_weights = np.asarray(costs, dtype=np.float64), np.asarray(weights, dtype=np.float64)
     whole = isinstance(items, range) and items.start == 0 and items.step == 1
     if not (whole and len(ids) == len(item_costs) == len(item_weights)):
@@ -56,8 +70,7 @@ def lpt_assign(
     owners = _deal(item_costs, item_weights, capacity=float(capacity), num_ranks=num_ranks)
     if owners is None:
         return None
-    by_rank = np.argsort(owners, kind="stable")
-    flat = ids[by_rank].tolist()
+    flat = ids[np.argsort(owners, kind="stable")]
     bounds = np.cumsum(np.bincount(owners, minlength=num_ranks)).tolist()
     return [flat[a:b] for a, b in zip([0, *bounds[:-1]], bounds)]
 

@@ -313,13 +313,15 @@ def pack_ranks(
     """:func:`pack_into` of every rank's items (the same micro-batches); the worst-fit pass runs on all ranks at
     once with NumPy when there are at least :data:`VECTOR_RANKS` ranks (:func:`_worst_fit_ranks`), then the
     best-fit pass on all ranks where worst fit overflowed (:func:`best_fit_ranks`). ``refits``, when given,
-    receives the best-fit (or chunked) micro-batches of the ranks that do not fit, where this pass made them."""
+    receives the best-fit (or chunked) micro-batches of the ranks that do not fit, where this pass made them.
+    A rank's items may be a NumPy array (:func:`~megatron_dpsched.core.balancing.lpt_ranks`)."""
     total, width = sum(len(items) for items in ranks), max((len(items) for items in ranks), default=0)
     if padded_rows:
         return [_fit_or_refit(rank, bins, sizes, num_bins, padded_rows=True, refits=refits)
                 for rank, bins in enumerate(_chunk_ranks(ranks, sizes, cap))]
     if len(ranks) < VECTOR_RANKS or width * len(ranks) > 4 * total + 65536:
-        return [pack_into(items, sizes, cap, num_bins) for items in ranks]
+        return [pack_into(items.tolist() if isinstance(items, np.ndarray) else items, sizes, cap, num_bins)
+                for items in ranks]
     layout = _rank_grid(ranks, sizes)
     packed = _worst_fit_ranks(ranks, sizes, cap, num_bins, layout=layout)
     overflowed = [r for r, bins in enumerate(packed) if bins is None]  # pack_into's worst fit fails there too
@@ -347,8 +349,7 @@ def _fit_or_refit(
 def _chunk_ranks(ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int) -> list[BinArrays]:
     """:func:`chunk_decreasing` of every rank's items, with each chunk's collated size (its row count times its
     first, longest size), all ranks at once: step ``t`` cuts every rank's ``t``-th chunk."""
-    counts = np.fromiter(map(len, ranks), dtype=np.int64, count=len(ranks))
-    flat = np.fromiter(chain.from_iterable(ranks), dtype=np.int64, count=int(counts.sum()))
+    counts, flat = flat_ranks(ranks)
     flat_sizes = np.asarray(sizes, dtype=np.int64)[flat]
     order = _by_rank_longest(np.repeat(np.arange(len(ranks)), counts), flat_sizes, flat)
     ordered, ordered_sizes = flat[order], flat_sizes[order]
@@ -365,6 +366,14 @@ def _chunk_ranks(ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int)
     loads, spans = rows * ordered_sizes[first], np.cumsum(per_rank).tolist()
     return [BinArrays(members=ordered[e - c : e], counts=rows[a:b], loads=loads[a:b])
             for a, b, c, e in zip([0, *spans[:-1]], spans, counts.tolist(), ends.tolist())]
+
+
+def flat_ranks(ranks: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Each rank's item count and all ranks' items laid end to end (ranks given as NumPy arrays: joined)."""
+    counts = np.fromiter(map(len, ranks), dtype=np.int64, count=len(ranks))
+    if ranks and all(isinstance(items, np.ndarray) for items in ranks):
+        return counts, np.concatenate(ranks).astype(np.int64, copy=False)
+    return counts, np.fromiter(chain.from_iterable(ranks), dtype=np.int64, count=int(counts.sum()))
 
 
 def _by_rank_longest(owner: np.ndarray, item_sizes: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -433,8 +442,7 @@ Grid = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 def _rank_grid(ranks: Sequence[Sequence[int]], sizes: Sequence[int]) -> Grid:
     """All ranks' items by rank, then longest first (ties in the rank's order), with their sizes, ranks and
     positions in their rank, and the grid whose row ``t`` holds every rank's ``t``-th size (0: none)."""
-    counts = np.array([len(items) for items in ranks], dtype=np.int64)
-    flat_items = np.fromiter(chain.from_iterable(ranks), dtype=np.int64, count=int(counts.sum()))
+    counts, flat_items = flat_ranks(ranks)
     owner = np.repeat(np.arange(len(ranks)), counts)
     item_sizes = np.asarray(sizes, dtype=np.int64)[flat_items]
     longest = int(item_sizes.max(initial=0))

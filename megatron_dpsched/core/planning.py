@@ -19,6 +19,7 @@ from megatron_dpsched.core import padding
 from megatron_dpsched.core.balancing import (
     assign_bins,
     lpt_assign,
+    lpt_ranks,
     peak_cost,
     python_sums,
     refine_by_moves,
@@ -34,6 +35,7 @@ from megatron_dpsched.core.packing import (
     best_fit_ranks,
     bin_lower_bound,
     first_fit,
+    flat_ranks,
     pack_ranks,
     split_owned,
     split_to_count,
@@ -357,15 +359,16 @@ def _assign_and_pack(
 ) -> list[RankPlan] | None:
     """Steps 3-4 for one candidate micro-batch count; ``None`` if it does not fit.
 
-    Step 3: samples to ranks by :func:`~megatron_dpsched.core.balancing.lpt_assign`, each rank with room for
+    Step 3: samples to ranks by :func:`~megatron_dpsched.core.balancing.lpt_ranks` (each rank's samples an
+    array), each rank with room for
     ``num_microbatches * C`` capped tokens (a sample weighs ``min(size, C)``: an oversize sample fills one
     micro-batch alone). Step 4: each rank's samples packed into exactly ``num_microbatches``
     (:func:`~megatron_dpsched.core.packing.pack_into`); ranks whose samples need more hand some over
     (:func:`_repair_overflow`).
     """
     cap, rows = config.token_cap, config.padded_rows
-    ranks = lpt_assign(range(len(sizes)), costs=costs, weights=np.minimum(np.asarray(sizes, dtype=np.int64), cap),
-                       capacity=num_microbatches * cap, num_ranks=config.dp_size)
+    ranks = lpt_ranks(range(len(sizes)), costs=costs, weights=np.minimum(np.asarray(sizes, dtype=np.int64), cap),
+                      capacity=num_microbatches * cap, num_ranks=config.dp_size)
     if ranks is None:
         return None
     refits: Refits = {}
@@ -377,7 +380,7 @@ def _assign_and_pack(
 
 
 def _repair_overflow(
-    ranks: list[list[int]],
+    ranks: list[np.ndarray],
     packed: list[RankPlan | None],
     sizes: list[int],
     costs: list[float],
@@ -402,7 +405,8 @@ def _repair_overflow(
     if _rehome_fails(packed, [refits[r] for r in failing], sizes=sizes, config=config,
                      num_microbatches=num_microbatches):
         return None
-    loads = python_sums(costs, ranks).tolist()
+    counts, flat = flat_ranks(ranks)
+    loads = run_sums(costs, flat, counts).tolist()
     homeless: list[int] = []
     bins_per_rank = list(packed)
     for rank, (bins, collated) in ((r, (refits[r].bins(), refits[r].loads.tolist())) for r in failing):
