@@ -59,12 +59,19 @@ def all_floats(values: Sequence[object]) -> bool:
     return values.floats if isinstance(values, ArrayTuple) else not set(map(type, values)) - {float}
 
 
+def array_tuple(values: Sequence[float], dtype: type) -> ArrayTuple:
+    """``values`` as an :class:`ArrayTuple` of that NumPy ``dtype`` (themselves if they are one)."""
+    if isinstance(values, ArrayTuple) and values.values.dtype == np.dtype(dtype):
+        return values
+    return ArrayTuple(values, np.fromiter(values, dtype=dtype, count=len(values)))
+
+
 def step_sizes(lengths: Sequence[int], *, pad_multiple: int) -> ArrayTuple:
-    """:func:`planned_sizes` of a step as an :class:`ArrayTuple` (int64 values); one conversion of ``lengths``."""
-    values = np.fromiter(lengths, dtype=np.int64, count=len(lengths))
+    """:func:`planned_sizes` of a step as an :class:`ArrayTuple` (int64 values); one conversion of ``lengths``
+    (none when they are an :class:`ArrayTuple` and ``pad_multiple`` is 1)."""
     if pad_multiple == 1:
-        return ArrayTuple(lengths, values)
-    values = -(-values // pad_multiple) * pad_multiple
+        return array_tuple(lengths, np.int64)
+    values = -(-np.asarray(array_tuple(lengths, np.int64)) // pad_multiple) * pad_multiple
     return ArrayTuple(values.tolist(), values)
 
 

@@ -63,12 +63,14 @@ def plan_step(
     """
     first = samples[0]
     contiguous = samples[-1] - first + 1 == len(samples)  # sorted and distinct: a range
-    if contiguous:
+    if contiguous and first == 0 and len(samples) == len(lengths):
+        local_lengths, local_costs = lengths, costs  # the whole run: no copy
+    elif contiguous:
         local_lengths, local_costs = lengths[first : first + len(samples)], costs[first : first + len(samples)]
     else:
         local_lengths, local_costs = [lengths[i] for i in samples], [costs[i] for i in samples]
     local_sizes = padding.step_sizes(local_lengths, pad_multiple=config.pad_multiple)
-    local_costs = padding.ArrayTuple(local_costs, np.fromiter(local_costs, dtype=np.float64, count=len(local_costs)))
+    local_costs = padding.array_tuple(local_costs, np.float64)
     if config.micro_batch_size is not None:
         ranks = _plan_static(local_sizes, local_costs, config=config)
     else:
