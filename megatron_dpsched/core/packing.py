@@ -14,7 +14,7 @@ import heapq
 import math
 from bisect import bisect_left, insort
 from collections.abc import Sequence
-from itertools import chain
+from itertools import accumulate, chain, pairwise
 
 import numpy as np
 
@@ -430,8 +430,11 @@ def _worst_fit_ranks(
     if failed.all():
         return [None] * len(ranks)
     chosen -= offsets
-    keep = ~failed[owner]  # a failed rank's bins are never read
-    bins = _gather_bins(flat_items[keep], (owner * num_bins + chosen[column, owner])[keep], len(ranks) * num_bins)
+    key = owner * num_bins + chosen[column, owner]
+    if failed.any():  # a failed rank's bins are never read
+        keep = ~failed[owner]
+        flat_items, key = flat_items[keep], key[keep]
+    bins = _gather_bins(flat_items, key, len(ranks) * num_bins)
     return [None if failed[r] else bins[r * num_bins : (r + 1) * num_bins] for r in range(len(ranks))]
 
 
@@ -468,8 +471,12 @@ def _gather_bins(flat_items: np.ndarray, key: np.ndarray, count: int) -> list[li
     """The items of each of ``count`` bins (``key``: each item's bin), in ``flat_items``' order."""
     key = key.astype(small_int(count))
     members = flat_items[np.argsort(key, kind="stable")].tolist()
-    bounds = np.cumsum(np.bincount(key, minlength=count)).tolist()
-    return [members[a:b] for a, b in zip([0, *bounds[:-1]], bounds)]
+    return runs_of(members, np.bincount(key, minlength=count))
+
+
+def runs_of(members: list[int], counts: np.ndarray) -> list[list[int]]:
+    """``members`` cut into consecutive runs of ``counts`` items (the bounds made one at a time, not as a list)."""
+    return [members[a:b] for a, b in pairwise(accumulate(counts.tolist(), initial=0))]
 
 
 def best_fit_ranks(
@@ -541,8 +548,7 @@ class BinArrays:
 
     def bins(self) -> list[list[int]]:
         """The micro-batches as lists of sample ids."""
-        members, bounds = self.members.tolist(), np.cumsum(self.counts).tolist()
-        return [members[a:b] for a, b in zip([0, *bounds[:-1]], bounds)]
+        return runs_of(self.members.tolist(), self.counts)
 
 
 def small_int(count: int) -> type:
