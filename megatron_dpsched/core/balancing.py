@@ -207,16 +207,29 @@ def assign_bins(
     goes to rank ``i % num_ranks``. Returns bin ids per rank. ``bin_costs``: the bins'
     :func:`python_sums` of ``costs``, when the caller has them.
     """
+    owned = bin_owners(bins, costs=costs, num_ranks=num_ranks, balance=balance, bin_costs=bin_costs)
+    return [ids.tolist() for ids in owned]
+
+
+def bin_owners(
+    bins: Sequence[Sequence[int]],
+    *,
+    costs: Sequence[float],
+    num_ranks: int,
+    balance: bool,
+    bin_costs: np.ndarray | None = None,
+) -> list[np.ndarray]:
+    """:func:`assign_bins` with each rank's bin ids as an int64 array."""
     assert len(bins) % num_ranks == 0, (len(bins), num_ranks)
     per_rank = len(bins) // num_ranks
-    bin_ids = range(len(bins))
     if not balance:
-        return [list(bin_ids[r::num_ranks]) for r in range(num_ranks)]
+        return [np.arange(r, len(bins), num_ranks, dtype=np.int64) for r in range(num_ranks)]
     if bin_costs is None:
         bin_costs = python_sums(costs, bins)
-    return lpt_assign(
-        bin_ids, costs=bin_costs, weights=np.ones(len(bins)), capacity=per_rank, num_ranks=num_ranks
-    )
+    owned = lpt_ranks(range(len(bins)), costs=bin_costs, weights=np.ones(len(bins)), capacity=per_rank,
+                      num_ranks=num_ranks)
+    assert owned is not None, "every rank has room for its share of micro-batches"
+    return owned
 
 
 def refine_by_moves(
