@@ -402,34 +402,43 @@ def _worst_fit_ranks(
 ) -> list[list[list[int]] | None]:
     """:func:`worst_fit_decreasing` of every rank, ``None`` for a rank whose pass overflows: step ``t`` hands
     every rank its ``t``-th longest item (ties in the rank's order), each to its lightest micro-batch (the
-    first of equals), so the choices are the heap's (``layout``: :func:`_rank_grid` of the ranks, if known)."""
+    first of equals), so the choices are the heap's (``layout``: :func:`_rank_grid` of the ranks, if known).
+    Ranks that failed leave the step's arrays once they are a quarter of those still there."""
     flat_items, item_sizes, owner, column, grid = layout or _rank_grid(ranks, sizes)
-    width = grid.shape[0]
-    loads = np.zeros(len(ranks) * num_bins, dtype=np.int64)  # rank r's micro-batch b at r * num_bins + b
+    width, full = grid.shape[0], 1 << 62  # an oversize sample's micro-batch: full
+    loads = np.zeros((len(ranks), num_bins), dtype=np.int64)  # the live ranks' micro-batches' loads
     failed = np.zeros(len(ranks), dtype=bool)
-    chosen = np.zeros((width, len(ranks)), dtype=np.int64)
-    offsets, full = np.arange(len(ranks)) * num_bins, 1 << 62  # an oversize sample's micro-batch: full
+    chosen = np.zeros((width, len(ranks)), dtype=np.int64)  # step t's micro-batch (of its rank) per rank
     oversize = bool(np.any(item_sizes > cap))
     lead = min(width, num_bins) if int(item_sizes.min(initial=1)) > 0 else 0
     if lead:  # the first ``num_bins`` steps fill the empty micro-batches in order (bin ``t`` the first empty one)
         firsts = grid[:lead].T
-        loads.reshape(len(ranks), num_bins)[:, :lead] = np.where(firsts > cap, full, firsts)
-        chosen[:lead] = np.arange(lead)[:, None] + offsets
+        loads[:, :lead] = np.where(firsts > cap, full, firsts)
+        chosen[:lead] = np.arange(lead)[:, None]
+    live, dead = np.arange(len(ranks)), 0  # ranks still packed; how many of them have failed since
     for t in range(lead, width):
-        size = grid[t]
-        at = loads.reshape(len(ranks), num_bins).argmin(axis=1) + offsets
-        load = loads[at] + size  # no item (0) adds nothing
+        size, rows = grid[t, live], np.arange(len(live))
+        at = loads.argmin(axis=1)
+        load = loads[rows, at] + size  # no item (0) adds nothing
         if oversize:
             over = size > cap
-            failed |= (size > 0) & np.where(over, load > size, load > cap)
+            fails = (size > 0) & np.where(over, load > size, load > cap)
             load[over] = full
         else:
-            failed |= load > cap
-        loads[at] = load
-        chosen[t] = at
+            fails = load > cap
+        loads[rows, at] = load
+        chosen[t, live] = at
+        fresh = fails & ~failed[live]
+        if fresh.any():
+            failed[live[fresh]] = True
+            dead += int(np.count_nonzero(fresh))
+        if 4 * dead >= len(live):  # drop the failed ranks: their micro-batches are never read
+            keep = ~failed[live]
+            live, loads, dead = live[keep], loads[keep], 0
+            if not len(live):
+                break
     if failed.all():
         return [None] * len(ranks)
-    chosen -= offsets
     key = owner * num_bins + chosen[column, owner]
     if failed.any():  # a failed rank's bins are never read
         keep = ~failed[owner]

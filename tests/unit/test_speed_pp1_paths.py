@@ -15,7 +15,14 @@ import pytest
 from megatron_dpsched.core import planning
 from megatron_dpsched.core.balancing import assign_bins, lpt_assign
 from megatron_dpsched.core.config import ScheduleConfig
-from megatron_dpsched.core.packing import _chunk_ranks, chunk_count, pack_ranks, split_to_count
+from megatron_dpsched.core.packing import (
+    _chunk_ranks,
+    _worst_fit_ranks,
+    chunk_count,
+    pack_ranks,
+    split_to_count,
+    worst_fit_decreasing,
+)
 from megatron_dpsched.core.padding import ArrayTuple, all_floats, collated_sizes, step_sizes
 
 
@@ -141,3 +148,17 @@ def test_an_array_tuple_survives_pickling_and_knows_whether_its_items_are_floats
     assert type(again) is ArrayTuple and again == (1.5, 2.0) and np.asarray(again).tolist() == [1.5, 2.0]
     assert all_floats(costs) and all_floats([1.0, 2.0])
     assert not all_floats(ArrayTuple((1, 2.0), np.array([1.0, 2.0]))) and not all_floats([1, 2.0])
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_worst_fit_of_all_ranks_drops_failed_ranks_and_packs_the_others_as_one_by_one(seed: int) -> None:
+    rng = random.Random(seed)
+    cap, dp, count = 100, rng.randint(16, 48), rng.randint(2, 6)
+    sizes = [rng.randint(1, cap + 20 if rng.random() < 0.2 else cap) for _ in range(dp * 8 * count)]
+    ids = list(range(len(sizes)))
+    rng.shuffle(ids)
+    ranks = [ids[r::dp] for r in range(dp)]
+    ranks[0] = [i for i in ranks[0] if sizes[i] <= cap][:count]  # one rank that always fits
+    got = _worst_fit_ranks(ranks, sizes, cap, count)
+    assert got == [worst_fit_decreasing(items, sizes, cap, count) for items in ranks]
+    assert got[0] is not None and sum(bins is None for bins in got) >= dp // 2
