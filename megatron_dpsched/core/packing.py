@@ -511,8 +511,12 @@ def _best_fit_arrays(
     unsigned = np.dtype(kind).str.replace("i", "u")  # room - size as unsigned: a bin too small wraps past the cap
     room = np.full((len(ranks), 16), -1, dtype=kind)  # a bin's room; -1: full, oversize or not opened
     opened, chosen, widest = np.zeros(len(ranks), dtype=np.int64), np.zeros(grid.shape, dtype=np.int64), 0
-    for t, size in enumerate(np.minimum(grid, cap + 1).astype(kind)):
-        if widest:  # the least room that fits is the least room left after the item, as unsigned
+    clipped = np.minimum(grid, cap + 1).astype(kind)
+    # a rank's rooms are at most the cap less its previous (no smaller) item: none fits where the two exceed it
+    apart, done = np.ones(len(grid), dtype=bool), np.arange(1, len(grid))[:, None] >= counts  # done: no item
+    apart[1:] = ((clipped[1:].astype(np.int64) + clipped[:-1] > cap) | done).all(axis=1)
+    for t, size in enumerate(clipped):
+        if widest and not apart[t]:  # the least room that fits is the least room left after the item, as unsigned
             gap = (room[:, :widest] - size[:, None]).view(unsigned)
             at = gap.argmin(axis=1)
             left = gap[rows, at].astype(kind)  # negative: no bin fits

@@ -18,6 +18,7 @@ from megatron_dpsched.core.config import ScheduleConfig
 from megatron_dpsched.core.packing import (
     _chunk_ranks,
     _worst_fit_ranks,
+    best_fit_ranks,
     chunk_count,
     pack_ranks,
     split_to_count,
@@ -162,3 +163,37 @@ def test_worst_fit_of_all_ranks_drops_failed_ranks_and_packs_the_others_as_one_b
     got = _worst_fit_ranks(ranks, sizes, cap, count)
     assert got == [worst_fit_decreasing(items, sizes, cap, count) for items in ranks]
     assert got[0] is not None and sum(bins is None for bins in got) >= dp // 2
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_best_fit_of_all_ranks_skips_only_steps_where_no_item_fits(seed: int) -> None:
+    rng = random.Random(seed)
+    cap, dp = rng.choice((10, 64, 100)), rng.randint(16, 30)
+    sizes = [rng.choice((0, cap // 2, cap // 2 + 1, cap, cap + 3, rng.randint(cap // 2, cap), rng.randint(1, cap)))
+             for _ in range(dp * rng.randint(1, 12))]
+    ids = list(range(len(sizes)))
+    rng.shuffle(ids)
+    ranks = [ids[r::dp] for r in range(dp)]
+    got = best_fit_ranks(ranks, sizes, cap)
+    assert [bins for bins, _ in got] == [reference_bfd(items, sizes, cap) for items in ranks]
+
+
+def reference_bfd(items: list[int], sizes: list[int], cap: int) -> list[list[int]]:
+    """Best-fit decreasing one item at a time: longest first (ties in the given order), into the open bin of
+    least room that fits (the first opened of equals), else a new one; a bin without room or holding a sample of
+    at least the cap is closed."""
+    bins: list[list[int]] = []
+    rooms: list[int] = []
+    for item in sorted(items, key=lambda i: -sizes[i]):
+        size = sizes[item]
+        fits = [b for b, room in enumerate(rooms) if size < cap and room >= size]
+        if fits:
+            b = min(fits, key=lambda b: (rooms[b], b))
+            bins[b].append(item)
+            rooms[b] -= size
+        else:
+            bins.append([item])
+            rooms.append(cap - size)
+        if rooms[-1 if not fits else b] <= 0 or size >= cap:
+            rooms[-1 if not fits else b] = -1
+    return bins
