@@ -200,26 +200,13 @@ def assign_bins(
     num_ranks: int,
     balance: bool,
     bin_costs: np.ndarray | None = None,
-) -> list[list[int]]:
+) -> list[np.ndarray]:
     """Assign whole micro-batches to ranks, the same count to each.
 
     With ``balance`` it is LPT with a count limit; without, micro-batch ``i``
-    goes to rank ``i % num_ranks``. Returns bin ids per rank. ``bin_costs``: the bins'
+    goes to rank ``i % num_ranks``. Returns each rank's bin ids as an int64 array. ``bin_costs``: the bins'
     :func:`python_sums` of ``costs``, when the caller has them.
     """
-    owned = bin_owners(bins, costs=costs, num_ranks=num_ranks, balance=balance, bin_costs=bin_costs)
-    return [ids.tolist() for ids in owned]
-
-
-def bin_owners(
-    bins: Sequence[Sequence[int]],
-    *,
-    costs: Sequence[float],
-    num_ranks: int,
-    balance: bool,
-    bin_costs: np.ndarray | None = None,
-) -> list[np.ndarray]:
-    """:func:`assign_bins` with each rank's bin ids as an int64 array."""
     assert len(bins) % num_ranks == 0, (len(bins), num_ranks)
     per_rank = len(bins) // num_ranks
     if not balance:

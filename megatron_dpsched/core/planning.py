@@ -17,7 +17,7 @@ import numpy as np
 
 from megatron_dpsched.core import padding
 from megatron_dpsched.core.balancing import (
-    bin_owners,
+    assign_bins,
     lpt_assign,
     lpt_ranks,
     peak_cost,
@@ -332,7 +332,7 @@ def _plan_by_bins(
     starts[made] = len(flat) + np.cumsum(made_counts) - made_counts
     counts = np.concatenate((counts, np.zeros(len(split) - len(bins), dtype=np.int64)))
     counts[made] = made_counts
-    owners = bin_owners(split, costs=costs, num_ranks=dp, balance=config.balance != "none", bin_costs=bin_costs)
+    owners = assign_bins(split, costs=costs, num_ranks=dp, balance=config.balance != "none", bin_costs=bin_costs)
     order = np.concatenate(owners)
     return [list(map(split.__getitem__, owned.tolist())) for owned in owners], _gather_runs(
         np.concatenate((flat, made_flat)), starts[order], counts[order])

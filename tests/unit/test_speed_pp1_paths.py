@@ -119,7 +119,7 @@ def test_the_fallback_deal_is_the_split_and_dealt_packing_with_its_layout(seed: 
     count = config.layout.align(-(-len(bins) // dp))
     split = split_to_count(bins, list(sizes), count * dp, padded_rows=rows)
     owners = assign_bins(split, costs=list(costs), num_ranks=dp, balance=balance != "none")
-    expected = [[split[b] for b in owned] for owned in owners]
+    expected = [[split[b] for b in owned.tolist()] for owned in owners]
     plan, (counts, flat) = planning._plan_by_bins(bins, sizes, costs, config=config)
     assert plan == expected
     assert counts.tolist() == [len(mb) for mb in chain.from_iterable(plan)]
