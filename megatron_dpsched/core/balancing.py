@@ -29,7 +29,21 @@ def lpt_assign(
     capacity: float,
     num_ranks: int,
 ) -> list[list[int]] | None:
-    """Assign ``items`` to ``num_ranks`` ranks, largest cost first, each to the lightest rank with room.
+    """:func:`lpt_ranks` with each rank's items as a list."""
+    ranks = lpt_ranks(items, costs=costs, weights=weights, capacity=capacity, num_ranks=num_ranks)
+    return None if ranks is None else [rank.tolist() for rank in ranks]
+
+
+def lpt_ranks(
+    items: Sequence[int],
+    *,
+    costs: Sequence[float],
+    weights: Sequence[float],
+    capacity: float,
+    num_ranks: int,
+) -> list[np.ndarray] | None:
+    """Assign ``items`` to ``num_ranks`` ranks, largest cost first, each to the lightest rank with room; each
+    rank's items in the order dealt, as an int64 array (views of one array).
 
     A rank holds items whose ``weights`` sum to at most ``capacity``. Returns ``None`` when some item
     fits on no rank. Items of equal cost and weight come in index order; ties between ranks go to the
@@ -46,16 +60,17 @@ def lpt_assign(
     else:
         ids = np.fromiter(items, dtype=np.int64) if not isinstance(items, np.ndarray) else items.astype(np.int64)
     if len(ids) == 0:
-        return [[] for _ in range(num_ranks)]
-    item_costs = np.asarray(costs, dtype=np.float64)[ids]
-    item_weights = np.asarray(weights, dtype=np.float64)[ids]
+        return [ids[:0] for _ in range(num_ranks)]
+    item_costs, item_weights = np.asarray(costs, dtype=np.float64), np.asarray(weights, dtype=np.float64)
+    whole = isinstance(items, range) and items.start == 0 and items.step == 1
+    if not (whole and len(ids) == len(item_costs) == len(item_weights)):
+        item_costs, item_weights = item_costs[ids], item_weights[ids]  # else: every item, in order (no copies)
     order = dearest_first(ids, item_costs, item_weights)
     ids, item_costs, item_weights = ids[order], item_costs[order], item_weights[order]
     owners = _deal(item_costs, item_weights, capacity=float(capacity), num_ranks=num_ranks)
     if owners is None:
         return None
-    by_rank = np.argsort(owners, kind="stable")
-    flat = ids[by_rank].tolist()
+    flat = ids[np.argsort(owners, kind="stable")]
     bounds = np.cumsum(np.bincount(owners, minlength=num_ranks)).tolist()
     return [flat[a:b] for a, b in zip([0, *bounds[:-1]], bounds)]
 
@@ -184,21 +199,24 @@ def assign_bins(
     costs: Sequence[float],
     num_ranks: int,
     balance: bool,
-) -> list[list[int]]:
+    bin_costs: np.ndarray | None = None,
+) -> list[np.ndarray]:
     """Assign whole micro-batches to ranks, the same count to each.
 
     With ``balance`` it is LPT with a count limit; without, micro-batch ``i``
-    goes to rank ``i % num_ranks``. Returns bin ids per rank.
+    goes to rank ``i % num_ranks``. Returns each rank's bin ids as an int64 array. ``bin_costs``: the bins'
+    :func:`python_sums` of ``costs``, when the caller has them.
     """
     assert len(bins) % num_ranks == 0, (len(bins), num_ranks)
     per_rank = len(bins) // num_ranks
-    bin_ids = range(len(bins))
     if not balance:
-        return [list(bin_ids[r::num_ranks]) for r in range(num_ranks)]
-    bin_costs = python_sums(costs, bins)
-    return lpt_assign(
-        bin_ids, costs=bin_costs, weights=[1.0] * len(bins), capacity=per_rank, num_ranks=num_ranks
-    )
+        return [np.arange(r, len(bins), num_ranks, dtype=np.int64) for r in range(num_ranks)]
+    if bin_costs is None:
+        bin_costs = python_sums(costs, bins)
+    owned = lpt_ranks(range(len(bins)), costs=bin_costs, weights=np.ones(len(bins)), capacity=per_rank,
+                      num_ranks=num_ranks)
+    assert owned is not None, "every rank has room for its share of micro-batches"
+    return owned
 
 
 def refine_by_moves(
@@ -209,9 +227,11 @@ def refine_by_moves(
     cap: int,
     max_moves: int,
     padded_rows: bool = False,
+    layout: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> float:
     """Move single samples off the busiest rank while that lowers its cost (in place); returns the refined plan's
-    :func:`peak_cost`.
+    :func:`peak_cost`. ``layout``: each micro-batch's sample count and all of ``plan``'s samples in plan order,
+    when the caller has them.
 
     Each move takes, from the busiest rank, the sample whose move to one of the :data:`TARGETS` lightest ranks
     (ties: the lower rank) lowers the pair's peak most; ties go to the lighter target, then to the sample that
@@ -221,7 +241,7 @@ def refine_by_moves(
     (always alone) are untouched. Every candidate sample is weighed against every target at once with NumPy
     (:class:`_Moves`); loads are running sums, as a one-by-one search keeps them.
     """
-    moves = _Moves(plan, sizes=sizes, costs=costs, cap=cap, padded_rows=padded_rows)
+    moves = _Moves(plan, sizes=sizes, costs=costs, cap=cap, padded_rows=padded_rows, layout=layout)
     for _ in range(max_moves):
         if not moves.step():
             break
@@ -238,13 +258,17 @@ class _Moves:
     in micro-batch order (``members``), its load and its widest room (the largest sample it still takes)."""
 
     def __init__(self, plan: list[list[list[int]]], *, sizes: Sequence[int], costs: Sequence[float], cap: int,
-                 padded_rows: bool) -> None:
+                 padded_rows: bool, layout: tuple[np.ndarray, np.ndarray] | None) -> None:
         self.plan, self.costs, self.cap, self.padded_rows = plan, costs, cap, padded_rows
         self.size_array = np.asarray(sizes, dtype=np.int64)
         self.cost_array = np.asarray(costs, dtype=np.float64)
-        bins = list(chain.from_iterable(plan))
         self.first = np.concatenate(([0], np.cumsum([len(rank) for rank in plan]))).tolist()
-        self.counts, flat, self.fills, self.longest = padding.micro_batch_arrays(bins, self.size_array)
+        if layout is None:
+            self.counts, flat, self.fills, self.longest = padding.micro_batch_arrays(
+                list(chain.from_iterable(plan)), self.size_array)
+        else:
+            self.counts, flat = layout[0].copy(), layout[1]
+            self.fills, self.longest = padding.bin_figures(self.counts, self.size_array[flat])
         per_rank = np.cumsum([0, *(int(self.counts[a:b].sum()) for a, b in zip(self.first, self.first[1:]))])
         self.members = [flat[a:b] for a, b in zip(per_rank[:-1], per_rank[1:])]
         self.loads = run_sums(costs, flat, np.diff(per_rank))
@@ -325,7 +349,7 @@ def python_sums(values: Sequence[float], runs: Sequence[Sequence[int]]) -> np.nd
 def run_sums(values: Sequence[float], flat: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """:func:`python_sums` of runs laid end to end in ``flat`` (``counts``: their lengths)."""
     width = int(counts.max(initial=0))
-    if width > WIDEST_RUN or set(map(type, values)) - {float}:
+    if width > WIDEST_RUN or not padding.all_floats(values):
         items, bounds = flat.tolist(), np.cumsum(counts).tolist()
         return np.array([sum(map(values.__getitem__, items[a:b])) for a, b in zip([0, *bounds[:-1]], bounds)],
                         dtype=np.float64)

@@ -364,8 +364,9 @@ def sample_costs(
         values[j] = cost_model(int(distinct[j]))
     if not all(valid_cost(value) for value in values):
         return _sample_costs_one_by_one(lengths, cost_model)  # the error names the first bad sample
-    return require_costs(np.array([float(value) for value in values])[inverse].tolist(), len(lengths),
-                         checked=True)
+    shared = np.empty(len(values), dtype=object)  # one float object per distinct length, shared by its samples
+    shared[:] = [float(value) for value in values]
+    return require_costs(shared[inverse], len(lengths), checked=True)
 
 
 def distinct_values(array: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Sequence
-from itertools import chain
+from itertools import accumulate, chain, pairwise
 
 import numpy as np
 
@@ -162,10 +162,10 @@ def split_to_count(
     ``padded_rows`` a bin splits into its longer and its shorter samples (less padding), else into two
     of near-equal tokens. Parts never exceed the whole.
     """
-    return _split_owned([list(b) for b in bins], sizes, num_bins, padded_rows=padded_rows, loads=loads)
+    return split_owned([list(b) for b in bins], sizes, num_bins, padded_rows=padded_rows, loads=loads)
 
 
-def _split_owned(
+def split_owned(
     out: list[list[int]], sizes: Sequence[int], num_bins: int, *, padded_rows: bool = False,
     loads: Sequence[int] | None = None,
 ) -> list[list[int]]:
@@ -192,7 +192,7 @@ def _split_owned(
 
 
 def _fullest(bins: list[list[int]], loads: Sequence[int], splits: int) -> list[tuple[int, int]]:
-    """The heap of ``(-load, bin)`` of :func:`_split_owned`'s multi-sample bins, only the ``splits`` first in that
+    """The heap of ``(-load, bin)`` of :func:`split_owned`'s multi-sample bins, only the ``splits`` first in that
     order: each split pops one entry and the bins' own entries pop in their order, so ``splits`` splits never
     reach a later one."""
     candidates = np.flatnonzero(np.fromiter(map(len, bins), dtype=np.int64, count=len(bins)) > 1)
@@ -226,9 +226,9 @@ def pack_into(
     return split_to_count(bins, sizes, num_bins)
 
 
-Refits = dict[int, tuple[list[list[int]], list[int]]]
+Refits = dict[int, "BinArrays"]
 """Per rank that does not fit: its best-fit decreasing micro-batches (padded rows: :func:`chunk_decreasing`'s)
-and their collated sizes."""
+with their collated sizes, as arrays."""
 
 
 def pack_ranks(
@@ -238,37 +238,84 @@ def pack_ranks(
     """:func:`pack_into` of every rank's items (the same micro-batches); the worst-fit pass runs on all ranks at
     once with NumPy when there are at least :data:`VECTOR_RANKS` ranks (:func:`_worst_fit_ranks`), then the
     best-fit pass on all ranks where worst fit overflowed (:func:`best_fit_ranks`). ``refits``, when given,
-    receives the best-fit (or chunked) micro-batches of the ranks that do not fit, where this pass made them."""
+    receives the best-fit (or chunked) micro-batches of the ranks that do not fit, where this pass made them.
+    A rank's items may be a NumPy array (:func:`~megatron_dpsched.core.balancing.lpt_ranks`)."""
     total, width = sum(len(items) for items in ranks), max((len(items) for items in ranks), default=0)
     if padded_rows:
-        return [_pack_rows(rank, items, sizes, cap, num_bins, refits=refits) for rank, items in enumerate(ranks)]
+        return [_fit_or_refit(rank, bins, sizes, num_bins, padded_rows=True, refits=refits)
+                for rank, bins in enumerate(_chunk_ranks(ranks, sizes, cap))]
     if len(ranks) < VECTOR_RANKS or width * len(ranks) > 4 * total + 65536:
-        return [pack_into(items, sizes, cap, num_bins) for items in ranks]
+        return [pack_into(items.tolist() if isinstance(items, np.ndarray) else items, sizes, cap, num_bins)
+                for items in ranks]
     layout = _rank_grid(ranks, sizes)
     packed = _worst_fit_ranks(ranks, sizes, cap, num_bins, layout=layout)
     overflowed = [r for r, bins in enumerate(packed) if bins is None]  # pack_into's worst fit fails there too
     if not overflowed:
         return packed
     subset = _grid_subset(layout, np.array([bins is None for bins in packed], dtype=bool))
-    best_fits = best_fit_ranks([ranks[r] for r in overflowed], sizes, cap, layout=subset)
-    for r, (bins, loads) in zip(overflowed, best_fits, strict=True):
-        packed[r] = None if len(bins) > num_bins else _split_owned(bins, sizes, num_bins, loads=loads)  # fresh
-        if packed[r] is None and refits is not None:
-            refits[r] = (bins, loads)
+    best_fits = _best_fit_arrays([ranks[r] for r in overflowed], sizes, cap, layout=subset)
+    for r, bins in zip(overflowed, best_fits, strict=True):
+        packed[r] = _fit_or_refit(r, bins, sizes, num_bins, padded_rows=False, refits=refits)
     return packed
 
 
-def _pack_rows(
-    rank: int, items: Sequence[int], sizes: Sequence[int], cap: int, num_bins: int, *, refits: Refits | None
+def _fit_or_refit(
+    rank: int, bins: BinArrays, sizes: Sequence[int], num_bins: int, *, padded_rows: bool, refits: Refits | None
 ) -> list[list[int]] | None:
-    """:func:`pack_into` with padded rows of one rank's ``items``; chunks that need more than ``num_bins`` go to
-    ``refits`` (when given) under ``rank``."""
-    bins = chunk_decreasing(items, sizes, cap)
-    if len(bins) <= num_bins:
-        return split_to_count(bins, sizes, num_bins, padded_rows=True)
+    """``rank``'s best-fit (padded rows: chunked) micro-batches ``bins`` split to ``num_bins``
+    (:func:`split_owned`), or ``None`` where they are more, and then ``bins`` go to ``refits`` (when given)."""
+    if len(bins.counts) <= num_bins:
+        return split_owned(bins.bins(), sizes, num_bins, padded_rows=padded_rows, loads=bins.loads.tolist())
     if refits is not None:
-        refits[rank] = (bins, collated_sizes(bins, sizes, padded_rows=True))
+        refits[rank] = bins
     return None
+
+
+def _chunk_ranks(ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int) -> list[BinArrays]:
+    """:func:`chunk_decreasing` of every rank's items, with each chunk's collated size (its row count times its
+    first, longest size), all ranks at once: step ``t`` cuts every rank's ``t``-th chunk."""
+    counts, flat = flat_ranks(ranks)
+    flat_sizes = np.asarray(sizes, dtype=np.int64)[flat]
+    order = _by_rank_longest(np.repeat(np.arange(len(ranks)), counts), flat_sizes, flat)
+    ordered, ordered_sizes = flat[order], flat_sizes[order]
+    ends = np.cumsum(counts)
+    position, starts = ends - counts, []
+    live = np.flatnonzero(position < ends)
+    while len(live):
+        starts.append(position[live])
+        position[live] += np.maximum(1, cap // ordered_sizes[position[live]])
+        live = live[position[live] < ends[live]]
+    first = np.sort(np.concatenate(starts)) if starts else np.zeros(0, dtype=np.int64)
+    per_rank = _chunks_per(first, ends)
+    rows = np.minimum(first + np.maximum(1, cap // ordered_sizes[first]), np.repeat(ends, per_rank)) - first
+    loads, spans = rows * ordered_sizes[first], np.cumsum(per_rank).tolist()
+    return [BinArrays(members=ordered[e - c : e], counts=rows[a:b], loads=loads[a:b])
+            for a, b, c, e in zip([0, *spans[:-1]], spans, counts.tolist(), ends.tolist())]
+
+
+def flat_ranks(ranks: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Each rank's item count and all ranks' items laid end to end (ranks given as NumPy arrays: joined)."""
+    counts = np.fromiter(map(len, ranks), dtype=np.int64, count=len(ranks))
+    if ranks and all(isinstance(items, np.ndarray) for items in ranks):
+        return counts, np.concatenate(ranks).astype(np.int64, copy=False)
+    return counts, np.fromiter(chain.from_iterable(ranks), dtype=np.int64, count=int(counts.sum()))
+
+
+def _by_rank_longest(owner: np.ndarray, item_sizes: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """``np.lexsort((ids, -item_sizes, owner))`` for distinct non-negative ``ids``: one sort of a key that packs
+    the three into an int64 where their bits fit (distinct keys: any sort gives that order)."""
+    if not len(ids):
+        return np.zeros(0, dtype=np.int64)
+    longest = int(item_sizes.max())
+    id_bits, size_bits = int(ids.max()).bit_length(), longest.bit_length()
+    if id_bits + size_bits + int(owner.max()).bit_length() > 62:
+        return np.lexsort((ids, -item_sizes, owner))
+    return np.argsort((owner << (size_bits + id_bits)) | ((longest - item_sizes) << id_bits) | ids)
+
+
+def _chunks_per(first: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """How many of the chunk starts ``first`` (ascending) lie in each rank, the ranks ending at ``ends``."""
+    return np.diff(np.searchsorted(first, ends, side="left"), prepend=0)
 
 
 VECTOR_RANKS = 16
@@ -280,36 +327,48 @@ def _worst_fit_ranks(
 ) -> list[list[list[int]] | None]:
     """:func:`worst_fit_decreasing` of every rank, ``None`` for a rank whose pass overflows: step ``t`` hands
     every rank its ``t``-th longest item (ties in the rank's order), each to its lightest micro-batch (the
-    first of equals), so the choices are the heap's (``layout``: :func:`_rank_grid` of the ranks, if known)."""
+    first of equals), so the choices are the heap's (``layout``: :func:`_rank_grid` of the ranks, if known).
+    Ranks that failed leave the step's arrays once they are a quarter of those still there."""
     flat_items, item_sizes, owner, column, grid = layout or _rank_grid(ranks, sizes)
-    width = grid.shape[0]
-    loads = np.zeros(len(ranks) * num_bins, dtype=np.int64)  # rank r's micro-batch b at r * num_bins + b
+    width, full = grid.shape[0], 1 << 62  # an oversize sample's micro-batch: full
+    loads = np.zeros((len(ranks), num_bins), dtype=np.int64)  # the live ranks' micro-batches' loads
     failed = np.zeros(len(ranks), dtype=bool)
-    chosen = np.zeros((width, len(ranks)), dtype=np.int64)
-    offsets, full = np.arange(len(ranks)) * num_bins, 1 << 62  # an oversize sample's micro-batch: full
+    chosen = np.zeros((width, len(ranks)), dtype=np.int64)  # step t's micro-batch (of its rank) per rank
     oversize = bool(np.any(item_sizes > cap))
     lead = min(width, num_bins) if int(item_sizes.min(initial=1)) > 0 else 0
     if lead:  # the first ``num_bins`` steps fill the empty micro-batches in order (bin ``t`` the first empty one)
         firsts = grid[:lead].T
-        loads.reshape(len(ranks), num_bins)[:, :lead] = np.where(firsts > cap, full, firsts)
-        chosen[:lead] = np.arange(lead)[:, None] + offsets
+        loads[:, :lead] = np.where(firsts > cap, full, firsts)
+        chosen[:lead] = np.arange(lead)[:, None]
+    live, dead = np.arange(len(ranks)), 0  # ranks still packed; how many of them have failed since
     for t in range(lead, width):
-        size = grid[t]
-        at = loads.reshape(len(ranks), num_bins).argmin(axis=1) + offsets
-        load = loads[at] + size  # no item (0) adds nothing
+        size, rows = grid[t, live], np.arange(len(live))
+        at = loads.argmin(axis=1)
+        load = loads[rows, at] + size  # no item (0) adds nothing
         if oversize:
             over = size > cap
-            failed |= (size > 0) & np.where(over, load > size, load > cap)
+            fails = (size > 0) & np.where(over, load > size, load > cap)
             load[over] = full
         else:
-            failed |= load > cap
-        loads[at] = load
-        chosen[t] = at
+            fails = load > cap
+        loads[rows, at] = load
+        chosen[t, live] = at
+        fresh = fails & ~failed[live]
+        if fresh.any():
+            failed[live[fresh]] = True
+            dead += int(np.count_nonzero(fresh))
+        if 4 * dead >= len(live):  # drop the failed ranks: their micro-batches are never read
+            keep = ~failed[live]
+            live, loads, dead = live[keep], loads[keep], 0
+            if not len(live):
+                break
     if failed.all():
         return [None] * len(ranks)
-    chosen -= offsets
-    keep = ~failed[owner]  # a failed rank's bins are never read
-    bins = _gather_bins(flat_items[keep], (owner * num_bins + chosen[column, owner])[keep], len(ranks) * num_bins)
+    key = owner * num_bins + chosen[column, owner]
+    if failed.any():  # a failed rank's bins are never read
+        keep = ~failed[owner]
+        flat_items, key = flat_items[keep], key[keep]
+    bins = _gather_bins(flat_items, key, len(ranks) * num_bins)
     return [None if failed[r] else bins[r * num_bins : (r + 1) * num_bins] for r in range(len(ranks))]
 
 
@@ -320,8 +379,7 @@ Grid = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 def _rank_grid(ranks: Sequence[Sequence[int]], sizes: Sequence[int]) -> Grid:
     """All ranks' items by rank, then longest first (ties in the rank's order), with their sizes, ranks and
     positions in their rank, and the grid whose row ``t`` holds every rank's ``t``-th size (0: none)."""
-    counts = np.array([len(items) for items in ranks], dtype=np.int64)
-    flat_items = np.fromiter(chain.from_iterable(ranks), dtype=np.int64, count=int(counts.sum()))
+    counts, flat_items = flat_ranks(ranks)
     owner = np.repeat(np.arange(len(ranks)), counts)
     item_sizes = np.asarray(sizes, dtype=np.int64)[flat_items]
     longest = int(item_sizes.max(initial=0))
@@ -347,8 +405,12 @@ def _gather_bins(flat_items: np.ndarray, key: np.ndarray, count: int) -> list[li
     """The items of each of ``count`` bins (``key``: each item's bin), in ``flat_items``' order."""
     key = key.astype(small_int(count))
     members = flat_items[np.argsort(key, kind="stable")].tolist()
-    bounds = np.cumsum(np.bincount(key, minlength=count)).tolist()
-    return [members[a:b] for a, b in zip([0, *bounds[:-1]], bounds)]
+    return runs_of(members, np.bincount(key, minlength=count))
+
+
+def runs_of(members: list[int], counts: np.ndarray) -> list[list[int]]:
+    """``members`` cut into consecutive runs of ``counts`` items (the bounds made one at a time, not as a list)."""
+    return [members[a:b] for a, b in pairwise(accumulate(counts.tolist(), initial=0))]
 
 
 def best_fit_ranks(
@@ -361,14 +423,25 @@ def best_fit_ranks(
     if len(ranks) < VECTOR_RANKS:
         return [(bins, [sum(sizes[i] for i in b) for b in bins])
                 for bins in (best_fit_decreasing(items, sizes, cap) for items in ranks)]
+    return [(bins.bins(), bins.loads.tolist()) for bins in _best_fit_arrays(ranks, sizes, cap, layout=layout)]
+
+
+def _best_fit_arrays(
+    ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int, *, layout: Grid | None = None
+) -> list[BinArrays]:
+    """:func:`best_fit_ranks` of at least :data:`VECTOR_RANKS` ranks, each rank's bins as :class:`BinArrays`."""
     flat_items, item_sizes, owner, column, grid = layout or _rank_grid(ranks, sizes)
     rows, counts = np.arange(len(ranks)), np.bincount(owner, minlength=len(ranks))
     kind = small_int(cap + 2)  # sizes over the cap count as cap + 1: they only ever open a bin
     unsigned = np.dtype(kind).str.replace("i", "u")  # room - size as unsigned: a bin too small wraps past the cap
     room = np.full((len(ranks), 16), -1, dtype=kind)  # a bin's room; -1: full, oversize or not opened
     opened, chosen, widest = np.zeros(len(ranks), dtype=np.int64), np.zeros(grid.shape, dtype=np.int64), 0
-    for t, size in enumerate(np.minimum(grid, cap + 1).astype(kind)):
-        if widest:  # the least room that fits is the least room left after the item, as unsigned
+    clipped = np.minimum(grid, cap + 1).astype(kind)
+    # a rank's rooms are at most the cap less its previous (no smaller) item: none fits where the two exceed it
+    apart, done = np.ones(len(grid), dtype=bool), np.arange(1, len(grid))[:, None] >= counts  # done: no item
+    apart[1:] = ((clipped[1:].astype(np.int64) + clipped[:-1] > cap) | done).all(axis=1)
+    for t, size in enumerate(clipped):
+        if widest and not apart[t]:  # the least room that fits is the least room left after the item, as unsigned
             gap = (room[:, :widest] - size[:, None]).view(unsigned)
             at = gap.argmin(axis=1)
             left = gap[rows, at].astype(kind)  # negative: no bin fits
@@ -385,11 +458,35 @@ def best_fit_ranks(
         left[(left == 0) | (size >= cap)] = -1
         room[rows, at] = left  # a rank past its last item has no use for its rooms
         chosen[t] = at
-    key = owner * widest + chosen[column, owner]
-    bins = _gather_bins(flat_items, key, len(ranks) * widest)
-    loads = np.bincount(key, weights=item_sizes, minlength=len(ranks) * widest).astype(np.int64).tolist()
-    return [(bins[r * widest : r * widest + n], loads[r * widest : r * widest + n])
-            for r, n in enumerate(opened.tolist())]
+    key = (owner * widest + chosen[column, owner]).astype(small_int(len(ranks) * widest))
+    members = flat_items[np.argsort(key, kind="stable")]
+    bin_counts = np.bincount(key, minlength=len(ranks) * widest)
+    loads = np.bincount(key, weights=item_sizes, minlength=len(ranks) * widest).astype(np.int64)
+    ends = np.cumsum(counts)
+    return [BinArrays(members=members[e - c : e], counts=bin_counts[r * widest : r * widest + n],
+                      loads=loads[r * widest : r * widest + n])
+            for r, (n, c, e) in enumerate(zip(opened.tolist(), counts.tolist(), ends.tolist()))]
+
+
+class BinArrays:
+    """Micro-batches as arrays: their samples micro-batch by micro-batch (``members``), each one's sample count
+    (``counts``) and collated size (``loads``); :meth:`bins` as lists."""
+
+    __slots__ = ("members", "counts", "loads")
+
+    def __init__(self, *, members: np.ndarray, counts: np.ndarray, loads: np.ndarray) -> None:
+        self.members, self.counts, self.loads = members, counts, loads
+
+    @classmethod
+    def of(cls, bins: Sequence[Sequence[int]], loads: Sequence[int]) -> BinArrays:
+        """The arrays of micro-batches given as lists, with their collated sizes."""
+        counts = np.fromiter(map(len, bins), dtype=np.int64, count=len(bins))
+        members = np.fromiter(chain.from_iterable(bins), dtype=np.int64, count=int(counts.sum()))
+        return cls(members=members, counts=counts, loads=np.asarray(loads, dtype=np.int64))
+
+    def bins(self) -> list[list[int]]:
+        """The micro-batches as lists of sample ids."""
+        return runs_of(self.members.tolist(), self.counts)
 
 
 def small_int(count: int) -> type:

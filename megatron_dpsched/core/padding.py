@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import cached_property
 from itertools import chain
 
 import numpy as np
@@ -20,6 +21,58 @@ def planned_sizes(lengths: Sequence[int], *, pad_multiple: int) -> tuple[int, ..
     if pad_multiple == 1:
         return tuple(lengths)
     return tuple(-(-length // pad_multiple) * pad_multiple for length in lengths)
+
+
+class ArrayTuple(tuple):
+    """A tuple of Python numbers with the NumPy array of the same values: ``np.asarray`` (and ``np.array``)
+    read the array instead of converting the tuple again (a copy for ``np.array``, another dtype converted).
+    The array is read-only; the tuple's items stay the Python numbers given (Python sums and keys of them
+    are unchanged)."""
+
+    values: np.ndarray
+
+    def __new__(cls, items: Sequence[float], values: np.ndarray) -> ArrayTuple:
+        made = super().__new__(cls, items)
+        assert len(made) == len(values), (len(made), len(values))
+        values = values.view()
+        values.flags.writeable = False
+        made.values = values
+        return made
+
+    def __reduce__(self) -> tuple[type[ArrayTuple], tuple[tuple[float, ...], np.ndarray]]:
+        return ArrayTuple, (tuple(self), self.values)
+
+    @cached_property
+    def floats(self) -> bool:
+        """Whether every item is a Python ``float`` (checked once)."""
+        return not set(map(type, self)) - {float}
+
+    def __array__(self, dtype: np.dtype | None = None, copy: bool | None = None) -> np.ndarray:
+        values = self.values
+        if dtype is not None and values.dtype != np.dtype(dtype):
+            return values.astype(dtype)
+        return values.copy() if copy else values
+
+
+def all_floats(values: Sequence[object]) -> bool:
+    """Whether every value is a Python ``float`` (an :class:`ArrayTuple` answers from its check, made once)."""
+    return values.floats if isinstance(values, ArrayTuple) else not set(map(type, values)) - {float}
+
+
+def array_tuple(values: Sequence[float], dtype: type) -> ArrayTuple:
+    """``values`` as an :class:`ArrayTuple` of that NumPy ``dtype`` (themselves if they are one)."""
+    if isinstance(values, ArrayTuple) and values.values.dtype == np.dtype(dtype):
+        return values
+    return ArrayTuple(values, np.fromiter(values, dtype=dtype, count=len(values)))
+
+
+def step_sizes(lengths: Sequence[int], *, pad_multiple: int) -> ArrayTuple:
+    """:func:`planned_sizes` of a step as an :class:`ArrayTuple` (int64 values); one conversion of ``lengths``
+    (none when they are an :class:`ArrayTuple` and ``pad_multiple`` is 1)."""
+    if pad_multiple == 1:
+        return array_tuple(lengths, np.int64)
+    values = -(-np.asarray(array_tuple(lengths, np.int64)) // pad_multiple) * pad_multiple
+    return ArrayTuple(values.tolist(), values)
 
 
 def collated_size(items: Sequence[int], sizes: Sequence[int], *, padded_rows: bool) -> int:
@@ -84,13 +137,25 @@ def collated_sizes(bins: Sequence[Sequence[int]], sizes: Sequence[int], *, padde
         flat_sizes = np.asarray(sizes, dtype=np.int64)[flat]
     else:
         flat_sizes = np.fromiter(map(sizes.__getitem__, chain.from_iterable(bins)), dtype=np.int64, count=total)
+    return collated_of(counts, flat_sizes, padded_rows=padded_rows).tolist()
+
+
+def collated_of(counts: np.ndarray, flat_sizes: np.ndarray, *, padded_rows: bool) -> np.ndarray:
+    """:func:`collated_size` of micro-batches laid end to end: their sample counts and their samples' sizes."""
+    fills, longest = bin_figures(counts, flat_sizes)
+    return longest * counts if padded_rows else fills
+
+
+def bin_figures(counts: np.ndarray, flat_sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each micro-batch's planned tokens and longest planned size (0 for an empty one), from the micro-batches'
+    sample counts and their samples' planned sizes laid end to end."""
+    fills, longest = np.zeros(len(counts), dtype=np.int64), np.zeros(len(counts), dtype=np.int64)
     filled = counts > 0
-    starts = (np.cumsum(counts) - counts)[filled]  # a filled bin's samples run to the next filled bin's start
-    out = np.zeros(len(bins), dtype=np.int64)
-    if len(flat_sizes):
-        reduce = np.maximum if padded_rows else np.add
-        out[filled] = reduce.reduceat(flat_sizes, starts)
-    return (out * counts if padded_rows else out).tolist()
+    if len(flat_sizes):  # a filled micro-batch's samples run to the next filled one's start
+        starts = (np.cumsum(counts) - counts)[filled]
+        fills[filled] = np.add.reduceat(flat_sizes, starts)
+        longest[filled] = np.maximum.reduceat(flat_sizes, starts)
+    return fills, longest
 
 
 def micro_batch_arrays(bins: Sequence[Sequence[int]], sizes: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -98,11 +163,4 @@ def micro_batch_arrays(bins: Sequence[Sequence[int]], sizes: np.ndarray) -> tupl
     planned size (0 for an empty one), from one pass over ``bins`` (``sizes``: every sample's, as an array)."""
     counts = np.fromiter(map(len, bins), dtype=np.int64, count=len(bins))
     flat = np.fromiter(chain.from_iterable(bins), dtype=np.int64, count=int(counts.sum()))
-    flat_sizes = sizes[flat]
-    fills, longest = np.zeros(len(bins), dtype=np.int64), np.zeros(len(bins), dtype=np.int64)
-    filled = counts > 0
-    if len(flat):  # a filled micro-batch's samples run to the next filled one's start
-        starts = (np.cumsum(counts) - counts)[filled]
-        fills[filled] = np.add.reduceat(flat_sizes, starts)
-        longest[filled] = np.maximum.reduceat(flat_sizes, starts)
-    return counts, flat, fills, longest
+    return counts, flat, *bin_figures(counts, sizes[flat])

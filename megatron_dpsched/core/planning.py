@@ -11,24 +11,36 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from itertools import chain
+from operator import is_not
 
 import numpy as np
 
 from megatron_dpsched.core import padding
-from megatron_dpsched.core.balancing import assign_bins, lpt_assign, peak_cost, python_sums, refine_by_moves
+from megatron_dpsched.core.balancing import (
+    assign_bins,
+    lpt_assign,
+    lpt_ranks,
+    peak_cost,
+    python_sums,
+    refine_by_moves,
+    run_sums,
+)
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
 from megatron_dpsched.core.objective import MAX_STALE_COUNTS, count_bound, plan_for_step_time, tail_heavy
 from megatron_dpsched.core.ordering import order_micro_batches
 from megatron_dpsched.core.packing import (
+    BinArrays,
     Refits,
     best_fit_decreasing,
     best_fit_ranks,
     bin_lower_bound,
     first_fit,
+    flat_ranks,
     pack_ranks,
+    split_owned,
     split_to_count,
 )
-from megatron_dpsched.core.padding import collated_sizes, planned_sizes
+from megatron_dpsched.core.padding import collated_sizes
 
 
 def plan_step(
@@ -51,19 +63,23 @@ def plan_step(
     """
     first = samples[0]
     contiguous = samples[-1] - first + 1 == len(samples)  # sorted and distinct: a range
-    if contiguous:
-        local_lengths, local_costs = lengths[first : first + len(samples)], list(costs[first : first + len(samples)])
+    if contiguous and first == 0 and len(samples) == len(lengths):
+        local_lengths, local_costs = lengths, costs  # the whole run: no copy
+    elif contiguous:
+        local_lengths, local_costs = lengths[first : first + len(samples)], costs[first : first + len(samples)]
     else:
         local_lengths, local_costs = [lengths[i] for i in samples], [costs[i] for i in samples]
-    local_sizes = list(planned_sizes(local_lengths, pad_multiple=config.pad_multiple))
+    local_sizes = padding.step_sizes(local_lengths, pad_multiple=config.pad_multiple)
+    local_costs = padding.array_tuple(local_costs, np.float64)
     if config.micro_batch_size is not None:
         ranks = _plan_static(local_sizes, local_costs, config=config)
     else:
         ranks = _plan_dynamic(local_sizes, local_costs, config=config)
     if config.step_time_model is not None:  # step 7 returns its plan in run order
         ranks = _plan_step_time(ranks, local_sizes, local_costs, config=config)
-    else:
-        ranks = [order_micro_batches(rank, local_costs, config.microbatch_order) for rank in ranks]
+    else:  # rank by rank in place: each rank's unordered micro-batches are freed as the next are ordered
+        for r in range(len(ranks)):
+            ranks[r] = order_micro_batches(ranks[r], local_costs, config.microbatch_order)
     if contiguous and first == 0:
         return ranks
     if contiguous:
@@ -139,7 +155,7 @@ def _plan_dynamic(sizes: list[int], costs: list[float], *, config: ScheduleConfi
     ``balance="none"`` goes straight to it.
     """
     if config.balance == "none":
-        return _plan_by_bins(_global_packing(sizes, config), sizes, costs, config=config)
+        return _plan_by_bins(_global_packing(sizes, config), sizes, costs, config=config)[0]
     balanced = _balanced_peak(costs, config)
     num_microbatches = lower = lower_bound_microbatches(sizes, config=config)
     plan = _assign_and_pack(sizes, costs, config=config, num_microbatches=num_microbatches)
@@ -156,10 +172,11 @@ def _plan_dynamic(sizes: list[int], costs: list[float], *, config: ScheduleConfi
         if peak > balanced:
             global_bins = global_bins or _global_packing(sizes, config)
             upper = _bins_count(global_bins, config)
+            layout = None
             if plan is None and best is None and num_microbatches >= upper:
-                plan = _plan_by_bins(global_bins, sizes, costs, config=config)
+                plan, layout = _plan_by_bins(global_bins, sizes, costs, config=config)
             if plan is not None:
-                peak = _refine(plan, sizes, costs, config=config)
+                peak = _refine(plan, sizes, costs, config=config, layout=layout)
         stale = stale + 1 if best is not None else 0
         if peak < best_peak * (1 - BALANCE_TOLERANCE):
             best, best_peak, stale = plan, peak, 0
@@ -219,13 +236,15 @@ def _balanced_peak(costs: list[float], config: ScheduleConfig) -> float:
     return max(sum(costs) / config.dp_size, max(costs)) * (1 + BALANCE_TOLERANCE)
 
 
-def _refine(plan: list[RankPlan], sizes: list[int], costs: list[float], *, config: ScheduleConfig) -> float:
+def _refine(
+    plan: list[RankPlan], sizes: list[int], costs: list[float], *, config: ScheduleConfig, layout: Layout | None = None
+) -> float:
     """Step 5's refinement (:func:`~megatron_dpsched.core.balancing.refine_by_moves`, in place): single samples
     move off the busiest rank into a lighter rank's micro-batch with room while that lowers the busiest rank's
     cost, at most ``4 * dp_size`` moves; returns the refined plan's busiest rank's cost
-    (:func:`~megatron_dpsched.core.balancing.peak_cost`)."""
+    (:func:`~megatron_dpsched.core.balancing.peak_cost`). ``layout``: the plan's :data:`Layout`, if known."""
     return refine_by_moves(plan, sizes=sizes, costs=costs, cap=config.token_cap, max_moves=4 * config.dp_size,
-                           padded_rows=config.padded_rows)
+                           padded_rows=config.padded_rows, layout=layout)
 
 
 def _bins_count(bins: list[list[int]], config: ScheduleConfig) -> int:
@@ -280,23 +299,61 @@ def _global_packing(sizes: list[int], config: ScheduleConfig) -> list[list[int]]
     items, cap = range(len(sizes)), config.token_cap
     if config.padded_rows:
         return best_fit_decreasing(items, sizes, cap, padded_rows=True)
-    best_fit = best_fit_decreasing(items, sizes, cap)
+    best_fit = best_fit_decreasing(np.arange(len(sizes)), sizes, cap)  # the ids as an array: not converted again
     if _bins_count(best_fit, config) <= lower_bound_microbatches(sizes, config=config):
         return best_fit  # first fit cannot lower the count per rank
     return min(best_fit, first_fit(items, sizes, cap), key=len)
 
 
 def _plan_by_bins(
-    bins: list[list[int]], sizes: list[int], costs: list[float], *, config: ScheduleConfig
-) -> list[RankPlan]:
+    bins: list[list[int]], sizes: Sequence[int], costs: Sequence[float], *, config: ScheduleConfig
+) -> tuple[list[RankPlan], Layout]:
     """Step 5's fallback: the global micro-batches ``bins`` split to ``U * dp_size``
     (:func:`~megatron_dpsched.core.packing.split_to_count`) and dealt to ranks by LPT on cost, which always
-    works (``balance="none"``: round-robin)."""
-    dp = config.dp_size
+    works (``balance="none"``: round-robin). ``bins`` are handed over: their lists become the plan's.
+
+    Also returns the plan's :data:`Layout`. The bins are flattened once: their collated sizes, costs and the
+    layout come from that, and only the bins the split made are read again."""
+    dp, rows = config.dp_size, config.padded_rows
     num_microbatches = config.layout.align(math.ceil(len(bins) / dp))
-    bins = split_to_count(bins, sizes, num_microbatches * dp, padded_rows=config.padded_rows)
-    owners = assign_bins(bins, costs=costs, num_ranks=dp, balance=config.balance != "none")
-    return [[bins[b] for b in owned] for owned in owners]
+    counts, flat = _flatten(bins)
+    size_array = np.asarray(sizes, dtype=np.int64)
+    loads = padding.collated_of(counts, size_array[flat], padded_rows=rows)
+    split = split_owned(list(bins), sizes, num_microbatches * dp, padded_rows=rows, loads=loads)
+    made = np.flatnonzero(np.fromiter(map(is_not, bins, split), dtype=bool, count=len(bins))).tolist()
+    made += range(len(bins), len(split))
+    made_counts, made_flat = _flatten([split[b] for b in made])
+    bin_costs = None
+    if config.balance != "none":
+        bin_costs = np.concatenate((run_sums(costs, flat, counts), np.zeros(len(split) - len(bins))))
+        bin_costs[made] = python_sums(costs, [split[b] for b in made])
+    starts = np.zeros(len(split), dtype=np.int64)
+    starts[:len(bins)] = np.cumsum(counts) - counts
+    starts[made] = len(flat) + np.cumsum(made_counts) - made_counts
+    counts = np.concatenate((counts, np.zeros(len(split) - len(bins), dtype=np.int64)))
+    counts[made] = made_counts
+    owners = assign_bins(split, costs=costs, num_ranks=dp, balance=config.balance != "none", bin_costs=bin_costs)
+    order = np.concatenate(owners)
+    return [list(map(split.__getitem__, owned.tolist())) for owned in owners], _gather_runs(
+        np.concatenate((flat, made_flat)), starts[order], counts[order])
+
+
+Layout = tuple[np.ndarray, np.ndarray]
+"""A plan's micro-batches' sample counts (rank by rank, in plan order) and all its samples in that order."""
+
+
+def _flatten(bins: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """The bins' sample counts and their samples laid end to end."""
+    counts = np.fromiter(map(len, bins), dtype=np.int64, count=len(bins))
+    return counts, np.fromiter(chain.from_iterable(bins), dtype=np.int64, count=int(counts.sum()))
+
+
+def _gather_runs(values: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> Layout:
+    """The runs ``values[start : start + count]``, in the order given, laid end to end; with their counts."""
+    ends = np.cumsum(counts)
+    index = np.repeat(starts - (ends - counts), counts)
+    index += np.arange(len(index))
+    return counts, values[index]
 
 
 def _assign_and_pack(
@@ -304,17 +361,16 @@ def _assign_and_pack(
 ) -> list[RankPlan] | None:
     """Steps 3-4 for one candidate micro-batch count; ``None`` if it does not fit.
 
-    Step 3: samples to ranks by :func:`~megatron_dpsched.core.balancing.lpt_assign`, each rank with room for
+    Step 3: samples to ranks by :func:`~megatron_dpsched.core.balancing.lpt_ranks` (each rank's samples an
+    array), each rank with room for
     ``num_microbatches * C`` capped tokens (a sample weighs ``min(size, C)``: an oversize sample fills one
     micro-batch alone). Step 4: each rank's samples packed into exactly ``num_microbatches``
     (:func:`~megatron_dpsched.core.packing.pack_into`); ranks whose samples need more hand some over
     (:func:`_repair_overflow`).
     """
     cap, rows = config.token_cap, config.padded_rows
-    weights = np.minimum(np.asarray(sizes, dtype=np.int64), cap)
-    ranks = lpt_assign(
-        range(len(sizes)), costs=costs, weights=weights, capacity=num_microbatches * cap, num_ranks=config.dp_size
-    )
+    ranks = lpt_ranks(range(len(sizes)), costs=costs, weights=np.minimum(np.asarray(sizes, dtype=np.int64), cap),
+                      capacity=num_microbatches * cap, num_ranks=config.dp_size)
     if ranks is None:
         return None
     refits: Refits = {}
@@ -326,7 +382,7 @@ def _assign_and_pack(
 
 
 def _repair_overflow(
-    ranks: list[list[int]],
+    ranks: list[np.ndarray],
     packed: list[RankPlan | None],
     sizes: list[int],
     costs: list[float],
@@ -339,18 +395,23 @@ def _repair_overflow(
     ones (best-fit decreasing, by collated size) to the least-loaded ranks with room; ``None`` if one fits nowhere.
     ``refits``: those micro-batches where :func:`~megatron_dpsched.core.packing.pack_ranks` made them."""
     cap, rows = config.token_cap, config.padded_rows
-    loads = python_sums(costs, ranks).tolist()
     failing = [rank for rank, bins in enumerate(packed) if bins is None]
     missing = [rank for rank in failing if rank not in refits]
     if rows:
-        refits.update((r, (bins, collated_sizes(bins, sizes, padded_rows=True)))
+        refits.update((r, BinArrays.of(bins, collated_sizes(bins, sizes, padded_rows=True)))
                       for r, bins in zip(missing, (best_fit_decreasing(ranks[r], sizes, cap, padded_rows=True)
                                                    for r in missing), strict=True))
     else:
-        refits.update(zip(missing, best_fit_ranks([ranks[r] for r in missing], sizes, cap), strict=True))
+        refits.update((r, BinArrays.of(bins, loads)) for r, (bins, loads) in
+                      zip(missing, best_fit_ranks([ranks[r] for r in missing], sizes, cap), strict=True))
+    if _rehome_fails(packed, [refits[r] for r in failing], sizes=sizes, config=config,
+                     num_microbatches=num_microbatches):
+        return None
+    counts, flat = flat_ranks(ranks)
+    loads = run_sums(costs, flat, counts).tolist()
     homeless: list[int] = []
     bins_per_rank = list(packed)
-    for rank, (bins, collated) in ((r, refits[r]) for r in failing):
+    for rank, (bins, collated) in ((r, (refits[r].bins(), refits[r].loads.tolist())) for r in failing):
         order = sorted(range(len(bins)), key=lambda b: -collated[b])
         for item in (i for b in order[num_microbatches:] for i in bins[b]):
             homeless.append(item)
@@ -360,6 +421,50 @@ def _repair_overflow(
                    config=config):
         return None
     return [split_to_count(bins, sizes, num_microbatches, padded_rows=rows) for bins in bins_per_rank]
+
+
+def _rehome_fails(
+    packed: list[RankPlan | None], refitted: list[BinArrays], *, sizes: Sequence[int], config: ScheduleConfig,
+    num_microbatches: int,
+) -> bool:
+    """Whether :func:`_rehome` fails for certain, from the micro-batches' rooms and the homeless samples' sizes
+    alone: its longest sample fits no micro-batch (rooms only shrink), or (packed tokens) the homeless samples
+    outweigh all the room, or more of them are longer than ``t`` than there are micro-batches with room for
+    ``t``, for some ``t`` over half the widest room (two such never share one).
+
+    ``refitted``: each failing rank's refit micro-batches; its ``num_microbatches`` fullest (ties: the first)
+    stay, the others' samples are homeless. ``packed``: the ranks that fit, ``None`` else."""
+    cap, rows, size_array = config.token_cap, config.padded_rows, np.asarray(sizes, dtype=np.int64)
+    collated = np.concatenate([bins.loads for bins in refitted]) if refitted else np.zeros(0, dtype=np.int64)
+    counts = np.concatenate([bins.counts for bins in refitted]) if refitted else np.zeros(0, dtype=np.int64)
+    per_rank = np.fromiter((len(bins.counts) for bins in refitted), dtype=np.int64, count=len(refitted))
+    order = np.lexsort((-collated, np.repeat(np.arange(len(refitted)), per_rank)))  # by rank, fullest first
+    stays = np.empty(len(order), dtype=bool)
+    stays[order] = np.arange(len(order)) - np.repeat(np.cumsum(per_rank) - per_rank, per_rank) < num_microbatches
+    members = np.concatenate([bins.members for bins in refitted]) if refitted else np.zeros(0, dtype=np.int64)
+    homeless = size_array[members[~np.repeat(stays, counts)]]
+    fitting = list(chain.from_iterable(bins for bins in packed if bins is not None))
+    fit_counts, _, fills, longest = padding.micro_batch_arrays(fitting, size_array)
+    kept_longest = collated[stays] // np.maximum(counts[stays], 1) if rows else collated[stays]
+    rooms = padding.rooms(counts=np.concatenate((counts[stays], fit_counts)),
+                          fills=np.concatenate((collated[stays], fills)),
+                          longest=np.concatenate((kept_longest, longest)), cap=cap, padded_rows=rows)
+    return _surely_homeless(np.sort(homeless)[::-1], rooms, packed_tokens=not rows)
+
+
+def _surely_homeless(left: np.ndarray, rooms: np.ndarray, *, packed_tokens: bool) -> bool:
+    """:func:`_rehome_fails`' tests on the homeless sizes ``left`` (longest first) and the micro-batches' ``rooms``."""
+    widest = int(rooms.max(initial=0))
+    if not len(left) or int(left[0]) > widest:
+        return bool(len(left))
+    if not packed_tokens:
+        return False
+    if int(left.sum()) > int(np.maximum(rooms, 0).sum()):
+        return True
+    wide = left[2 * left > widest]  # at most one of these per micro-batch
+    ascending = np.sort(rooms)
+    room_for = len(ascending) - np.searchsorted(ascending, wide, side="left")  # micro-batches with room >= size
+    return bool((np.arange(1, len(wide) + 1) > room_for).any())
 
 
 def _rehome(

@@ -89,6 +89,7 @@ import numpy as np
 
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
 from megatron_dpsched.core.cost import DEFAULT_COST_MODEL, CostFunction, require_cost_model, sample_costs
+from megatron_dpsched.core.padding import array_tuple
 from megatron_dpsched.core.planning import plan_step
 from megatron_dpsched.core.steps import split_steps
 from megatron_dpsched.core.steptime import StepTimeModel
@@ -299,10 +300,13 @@ def plan_schedule(
             f"{config.global_batch_size} step, and drop_last=True would drop them all"
         )
     _check_plan_size(config, steps)
+    steps = [range(step[0], step[-1] + 1) if step[-1] - step[0] + 1 == len(step) else step for step in steps]
     require_cost_model(cost_model)
     costs = sample_costs(lengths, _cost_function(config, cost_model))
+    lengths, costs = array_tuple(lengths, np.int64), array_tuple(costs, np.float64)  # one copy each while planning
     plans = [plan_step(step, lengths=lengths, costs=costs, config=config) for step in steps]
-    return assemble_schedule(plans, lengths=lengths, costs=costs, groups=groups, config=config, dropped=dropped)
+    return assemble_schedule(plans, lengths=lengths, costs=tuple(costs), groups=groups, config=config,
+                             dropped=dropped)
 
 
 def _cost_function(config: ScheduleConfig, cost_model: CostFunction | None) -> CostFunction | None:

@@ -312,7 +312,7 @@ def test_split_to_count_as_before_and_leaves_its_input(seed: int) -> None:
     assert packing.split_to_count(bins, sizes, num_bins, padded_rows=padded_rows) == expected
     assert bins == before
     owned = [list(b) for b in bins]
-    assert packing._split_owned(owned, sizes, num_bins, padded_rows=padded_rows) == expected
+    assert packing.split_owned(owned, sizes, num_bins, padded_rows=padded_rows) == expected
 
 
 @pytest.mark.parametrize("ones", [2, 4, 9, 100])
