@@ -49,7 +49,7 @@ from megatron_dpsched.core import (
 from megatron_dpsched.core.cost import CostFunction, sample_costs
 from megatron_dpsched.core.padding import pad_multiple_for, planned_sizes
 from megatron_dpsched.core.schedule import assemble_schedule
-from megatron_dpsched.core.steptime import rank_makespans
+from megatron_dpsched.core.steptime import VECTOR_RANKS, rank_makespans
 from megatron_dpsched.core.validation import ArgumentError
 from megatron_dpsched.options import NOMINAL_FLOPS_PER_GPU
 
@@ -454,27 +454,45 @@ def _flat_micro_batches(schedule: DPSchedule) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _strategy_steps(schedule: DPSchedule, *, timer: _Timer, padded: bool) -> list[StrategyStep]:
-    """The figures of one strategy's plan in every step."""
+    """The figures of one strategy's plan in every step: the per-rank sums of all steps at once, the pipelines of
+    all steps of one micro-batch count in one simulation (:func:`_step_makespans`)."""
     arrays = _plan_arrays(schedule, timer=timer, padded=padded)
-    dp, cap, layout = schedule.dp_size, schedule.config.token_cap, schedule.config.layout
+    dp, cap, counts = schedule.dp_size, schedule.config.token_cap, schedule.num_microbatches
+    starts = np.cumsum(counts) - np.asarray(counts)
+    assert all(counts), "every step runs at least one micro-batch"
+    tokens = np.add.reduceat(arrays.tokens, starts, axis=1).T.tolist()
+    padding = (np.add.reduceat(arrays.computed, starts, axis=1) - np.add.reduceat(arrays.tokens, starts, axis=1))
+    filled = (np.zeros(len(counts), dtype=np.int64) if cap is None
+              else np.add.reduceat(np.minimum(arrays.tokens, cap).sum(axis=0), starts))
+    seconds = _step_makespans(arrays.forward, schedule, backward_factor=timer.model.backward_factor)
     rows = []
-    for step in range(schedule.num_steps):
-        columns = schedule.step_micro_batch_range(step)
-        window = slice(columns.start, columns.stop)
-        tokens, computed = arrays.tokens[:, window], arrays.computed[:, window]
-        rank_tokens = tokens.sum(axis=1).tolist()
-        rank_padding = (computed.sum(axis=1) - tokens.sum(axis=1)).tolist()
-        seconds = rank_makespans(arrays.forward[:, window].tolist(), layout=layout,
-                                 backward_factor=timer.model.backward_factor)
-        rank_costs = arrays.costs[:, step].tolist()
-        count = len(columns)
-        fill = 0.0 if cap is None else int(np.minimum(tokens, cap).sum()) / (count * dp * cap)
+    for count, rank_tokens, rank_padding, rank_costs, times, fit in zip(
+            counts, tokens, padding.T.tolist(), arrays.costs.T.tolist(), seconds, filled.tolist()):
+        slowest = max(times)
         rows.append(StrategyStep(
-            micro_batches=count, tokens=sum(rank_tokens), padding=sum(rank_padding), token_fill=fill,
-            imbalance=max(rank_costs) * dp / sum(rank_costs) - 1.0, seconds=max(seconds),
-            slowest_rank=seconds.index(max(seconds)), rank_tokens=tuple(rank_tokens),
-            rank_padding=tuple(rank_padding)))
+            micro_batches=count, tokens=sum(rank_tokens), padding=sum(rank_padding),
+            token_fill=0.0 if cap is None else fit / (count * dp * cap),
+            imbalance=max(rank_costs) * dp / sum(rank_costs) - 1.0, seconds=slowest,
+            slowest_rank=times.index(slowest), rank_tokens=tuple(rank_tokens), rank_padding=tuple(rank_padding)))
     return rows
+
+
+def _step_makespans(forward: np.ndarray, schedule: DPSchedule, *, backward_factor: float) -> list[list[float]]:
+    """Per step, every DP rank's simulated makespan (:func:`rank_makespans`) of ``forward`` (``[rank, micro-batch
+    over all steps]`` seconds): the steps of one micro-batch count are simulated together, as ranks of one step
+    (each rank's pipeline on its own: the same figures as step by step)."""
+    counts = np.asarray(schedule.num_microbatches)
+    starts, dp = np.cumsum(counts) - counts, schedule.dp_size
+    makespans: list[list[float]] = [[] for _ in range(counts.size)]
+    for count in np.unique(counts).tolist():
+        steps = np.flatnonzero(counts == count)
+        columns = starts[steps][:, None] + np.arange(count)  # [step, micro-batch]
+        block = forward[:, columns].transpose(1, 0, 2).reshape(-1, count)  # rows: step by step, rank by rank
+        rows = block if len(block) >= VECTOR_RANKS else block.tolist()  # one rank at a time: Python floats
+        spans = rank_makespans(rows, layout=schedule.config.layout, backward_factor=backward_factor)
+        for step, position in zip(steps.tolist(), range(0, len(spans), dp)):
+            makespans[step] = spans[position:position + dp]
+    return makespans
 
 
 def rank_timeline(
