@@ -23,6 +23,7 @@ from megatron_dpsched.baselines.megatron_schedulers import StepPlan, dp_balanced
 from megatron_dpsched.core import DPSchedule, ScheduleConfig, ScheduleInvariantError, StepTimeModel
 from megatron_dpsched.core.cost import CostModelFile
 from megatron_dpsched.core.padding import pad_multiple_for
+from megatron_dpsched.core.schedule import _collector_paused
 from megatron_dpsched.core.validation import MAX_TOKENS, ArgumentError
 from megatron_dpsched.options import (
     BY_NAME,
@@ -439,6 +440,7 @@ def _warn(warnings: Sequence[PlanWarning]) -> None:
         print(f"{PROG}: warning: {warning.message}", file=sys.stderr)
 
 
+@_collector_paused()  # millions of small lists and tuples, no cycles: as the planner plans
 def _run_plan(args: argparse.Namespace) -> int:
     caps = args.max_tokens_per_gpu or (None,)
     if len(caps) > 1 and (args.megatron_lm_src or args.megatron_hybrid_cp):

@@ -378,6 +378,17 @@ class _Timer:
         self.model = simulation.timing(cp_size=config.cp_size)
         self.flops: dict[int, float] = {}
         self.cost_model = simulation.cost_model
+        self._samples: tuple[Sequence[int], np.ndarray, np.ndarray] | None = None
+
+    def sample_arrays(self, lengths: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Every sample's length (int64) and cost (:meth:`cost`), made once for the plans of the same samples
+        (the baselines share ``dpsched``'s ``lengths``)."""
+        if self._samples is None or self._samples[0] is not lengths:
+            array = np.fromiter(lengths, dtype=np.int64, count=len(lengths))
+            distinct, inverse = np.unique(array, return_inverse=True)
+            costs = np.array([self.cost(n) for n in distinct.tolist()], dtype=np.float64)[inverse]
+            self._samples = (lengths, array, costs)
+        return self._samples[1], self._samples[2]
 
     def computed(self, lengths: list[int], *, padded: bool) -> list[int]:
         """What the GPUs compute for a micro-batch: padded rows (``bshd``) or CP-rounded packed samples."""
@@ -409,7 +420,7 @@ class _PlanArrays:
 
 def _plan_arrays(schedule: DPSchedule, *, timer: _Timer, padded: bool) -> _PlanArrays:
     """Every micro-batch's sums at once: :meth:`_Timer.computed` and the model's forward time of each."""
-    dp, lengths = schedule.dp_size, np.asarray(schedule.lengths, dtype=np.int64)
+    dp, (lengths, sample_cost) = schedule.dp_size, timer.sample_arrays(schedule.lengths)
     ids, counts = _flat_micro_batches(schedule)
     owner = np.repeat(np.arange(counts.size), counts)
     real = lengths[ids]
@@ -430,8 +441,7 @@ def _plan_arrays(schedule: DPSchedule, *, timer: _Timer, padded: bool) -> _PlanA
         forward = (timer.model.seconds_per_token * np.where(dummy, 1, computed).astype(np.float64)
                    + timer.model.seconds_per_token_pair * np.where(dummy, 1.0, pairs)
                    + timer.model.seconds_per_microbatch)
-    distinct, inverse = np.unique(real, return_inverse=True)
-    cost = np.array([timer.cost(int(n)) for n in distinct.tolist()], dtype=np.float64)[inverse]
+    cost = sample_cost[ids]
     steps = np.repeat(np.arange(schedule.num_steps), schedule.num_microbatches)  # each column's step
     key = np.repeat((np.arange(dp)[:, None] * schedule.num_steps + steps[None, :]).ravel(), counts)
     shape = (dp, -1)
