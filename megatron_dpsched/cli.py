@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -23,7 +24,6 @@ from megatron_dpsched.baselines.megatron_schedulers import StepPlan, dp_balanced
 from megatron_dpsched.core import DPSchedule, ScheduleConfig, ScheduleInvariantError, StepTimeModel
 from megatron_dpsched.core.cost import CostModelFile
 from megatron_dpsched.core.padding import pad_multiple_for
-from megatron_dpsched.core.schedule import _collector_paused
 from megatron_dpsched.core.validation import MAX_TOKENS, ArgumentError
 from megatron_dpsched.options import (
     BY_NAME,
@@ -440,8 +440,20 @@ def _warn(warnings: Sequence[PlanWarning]) -> None:
         print(f"{PROG}: warning: {warning.message}", file=sys.stderr)
 
 
-@_collector_paused()  # millions of small lists and tuples, no cycles: as the planner plans
 def _run_plan(args: argparse.Namespace) -> int:
+    """The what-if report (or a cap sweep's) with the cyclic garbage collector off: a plan of millions of samples
+    is millions of small lists and tuples in no cycle, which every collection walks again to free nothing (the
+    planner pauses it too); restored after."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _plan_and_report(args)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _plan_and_report(args: argparse.Namespace) -> int:
     caps = args.max_tokens_per_gpu or (None,)
     if len(caps) > 1 and (args.megatron_lm_src or args.megatron_hybrid_cp):
         raise ValueError("Megatron's schedulers (--megatron-lm-src, --megatron-hybrid-cp) are compared at one cap: "
