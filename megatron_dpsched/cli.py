@@ -45,14 +45,16 @@ from megatron_dpsched.whatif.analysis import (
     PlanWarning,
     Simulation,
     StepComparison,
+    StrategyRows,
     WhatIf,
     baseline_micro_batch_size,
     check_baseline_micro_batch_size,
-    compare,
     plan_baselines,
     plan_megatron_schedulers,
     plan_ours,
     plan_warnings,
+    step_comparisons,
+    strategy_rows,
 )
 from megatron_dpsched.whatif.inputs import load_sample_lengths, read_lengths
 from megatron_dpsched.whatif.model import simulation_from_flags
@@ -397,6 +399,61 @@ def _megatron_scheduler_plans(args: argparse.Namespace) -> dict[str, StepPlan]:
     return plans
 
 
+@dataclasses.dataclass(kw_only=True)
+class _Baselines:
+    """The baselines' plans and simulated figures, made while dp-schedule's plan is made (``plan_ours``'s
+    ``meanwhile``, with several processes) or after it. An error is kept until dp-schedule's plan (``planned``) or
+    its figures (``simulated``) are made, so that errors come in the order of a one-process run."""
+
+    config: ScheduleConfig
+    simulation: Simulation
+    micro_batch_size: int | None
+    shown: bool
+    schedules: dict[str, DPSchedule] | None = None
+    rows: StrategyRows | None = None
+    error: tuple[str, ValueError] | None = None
+    """``("plan" | "simulate", error)``."""
+
+    def __call__(self, lengths: tuple[int, ...], costs: tuple[float, ...]) -> None:
+        """Plan and simulate every baseline, keeping an error."""
+        self.plan(lengths, costs)
+        if self.error is None:
+            try:
+                self.rows = strategy_rows(self.schedules, simulation=self.simulation)
+            except ValueError as error:
+                self.error = ("simulate", error)
+
+    def plan(self, lengths: tuple[int, ...], costs: tuple[float, ...]) -> None:
+        """Every baseline's plan of the samples (costs: dp-schedule's), keeping an error."""
+        try:
+            with Progress("baselines", len(BASELINE_NAMES) if self.config.token_cap else 0,
+                          enabled=self.shown) as bar:
+                self.schedules = plan_baselines(lengths, costs=costs, config=self.config,
+                                                micro_batch_size=self.micro_batch_size, tick=bar.update)
+        except ValueError as error:
+            self.error = ("plan", error)
+
+    def planned(self, ours: DPSchedule) -> dict[str, DPSchedule]:
+        """The baselines' plans (planned now if not yet), or the planning error raised."""
+        if self.schedules is None and self.error is None:
+            self.plan(ours.lengths, ours.costs)
+        if self.error is not None and self.error[0] == "plan":
+            raise self.error[1]
+        assert self.schedules is not None, "planned or raised"
+        return self.schedules
+
+    def simulated(self, *, tick: Callable[[int], None]) -> StrategyRows:
+        """The baselines' figures (simulated now if not yet), or the simulation's error raised."""
+        if self.error is not None:
+            raise self.error[1]
+        assert self.schedules is not None, "planned first"
+        if self.rows is None:
+            self.rows = strategy_rows(self.schedules, simulation=self.simulation, tick=tick)
+        else:
+            tick(len(self.rows))
+        return self.rows
+
+
 def _what_if(args: argparse.Namespace) -> tuple[WhatIf, str, str]:
     _check_options(args)
     megatron_plans = _megatron_scheduler_plans(args)
@@ -408,25 +465,28 @@ def _what_if(args: argparse.Namespace) -> tuple[WhatIf, str, str]:
     fixed_size = None if config.token_cap is None else (
         args.baseline_micro_batch_size or baseline_micro_batch_size(lengths, config=config))
     shown = args.progress or sys.stderr.isatty()
+    baselines = _Baselines(config=config, simulation=simulation, micro_batch_size=fixed_size, shown=shown)
+    jobs = args.jobs if len(lengths) >= PARALLEL_SAMPLES else 1
     gbs = config.global_batch_size
     steps = len(lengths) // gbs if config.drop_last else -(-len(lengths) // gbs)
     try:
         with Progress("planning", steps, enabled=shown) as bar:
             ours = plan_ours(lengths, config=config, cost_model=simulation.cost_model,
-                             tick=bar.update if shown else None,
-                             jobs=args.jobs if len(lengths) >= PARALLEL_SAMPLES else 1)
-        with Progress("baselines", len(BASELINE_NAMES) if config.token_cap else 0, enabled=shown) as bar:
-            baselines = plan_baselines(ours, micro_batch_size=fixed_size, tick=bar.update)
-        schedules = {OURS: ours, **baselines}
+                             tick=bar.update if shown else None, jobs=jobs,
+                             meanwhile=baselines if jobs > 1 else None)  # the baselines beside the workers
+        schedules = {OURS: ours, **baselines.planned(ours)}
         megatron, refusals = plan_megatron_schedulers(ours, megatron_plans)
         schedules.update(megatron)
     except ArgumentError as error:
         raise _flag_error(error) from None
     try:
         with Progress("simulating", len(schedules), enabled=shown) as bar:
-            compared = compare(schedules, simulation=simulation, tick=bar.update)
+            rows = strategy_rows({OURS: ours}, simulation=simulation, tick=bar.update)
+            rows.update(baselines.simulated(tick=bar.update))
+            rows.update(strategy_rows(megatron, simulation=simulation, tick=bar.update))
     except ValueError as error:  # times out of range: a forward time of inf
         raise ValueError(f"{_timing_flag(args)}: {error}") from None
+    compared = step_comparisons(ours, rows)
     _check_finite(compared, args)
     report = WhatIf(config=config, simulation=simulation, schedules=schedules, steps=compared,
                     warnings=(*plan_warnings(schedules[OURS]), *refusals),

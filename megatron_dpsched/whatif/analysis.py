@@ -28,6 +28,7 @@ import math
 import multiprocessing
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from itertools import chain
 from types import MappingProxyType
 
@@ -214,26 +215,33 @@ class WhatIf:
         return times.index(max(times))
 
 
+Meanwhile = Callable[[tuple[int, ...], tuple[float, ...]], None]
+"""Work for this process while the workers plan: called with the samples' lengths and costs (those of the plan)."""
+
+
 def plan_ours(
     lengths: Sequence[int], *, config: ScheduleConfig, cost_model: CostFunction, tick: Tick | None = None,
-    jobs: int = 1,
+    jobs: int = 1, meanwhile: Meanwhile | None = None,
 ) -> DPSchedule:
     """:func:`plan_schedule`; with ``tick``, or ``jobs`` > 1 processes (forked, where the platform forks), a few
-    steps at a time (``tick(steps)`` after each), merged into one plan.
+    steps at a time (``tick(steps)`` after each), merged into one plan. ``meanwhile(lengths, costs)`` runs here
+    while the workers plan (with one process: before planning).
 
     Steps are planned independently, so the result equals one ``plan_schedule`` call.
     """
-    if tick is None and jobs <= 1:
+    if tick is None and jobs <= 1 and meanwhile is None:
         return plan_schedule(lengths, config=config, cost_model=cost_model)
     plans: list = []
     dropped: list[int] = []
-    for part_plans, part_dropped in _planned_chunks(lengths, config=config, cost_model=cost_model, jobs=jobs):
+    sizes = tuple(lengths)
+    costs = sample_costs(sizes, None if config.balance == "tokens" else cost_model)
+    chunks = _planned_chunks(lengths, config=config, cost_model=cost_model, jobs=jobs,
+                             meanwhile=None if meanwhile is None else partial(meanwhile, sizes, costs))
+    for part_plans, part_dropped in chunks:
         plans.extend(part_plans)
         dropped.extend(part_dropped)
         if tick is not None:
             tick(len(part_plans))
-    sizes = tuple(lengths)
-    costs = sample_costs(sizes, None if config.balance == "tokens" else cost_model)
     return assemble_schedule(plans, lengths=sizes, costs=costs, groups=None, config=config, dropped=dropped)
 
 
@@ -247,9 +255,10 @@ Chunk = tuple[list, list[int]]
 
 
 def _planned_chunks(lengths: Sequence[int], *, config: ScheduleConfig, cost_model: CostFunction,
-                    jobs: int) -> Iterator[Chunk]:
+                    jobs: int, meanwhile: Callable[[], None] | None = None) -> Iterator[Chunk]:
     """About 100 runs of whole steps (a ragged tail joins the run before it), planned in order, by ``jobs``
-    forked processes where there are several."""
+    forked processes where there are several; ``meanwhile()`` runs here once the workers have their runs (first
+    with one process)."""
     gbs, count = config.global_batch_size, len(lengths)
     chunk = gbs * max(1, math.ceil(count / gbs / 100))
     starts = list(range(0, count, chunk))
@@ -260,10 +269,15 @@ def _planned_chunks(lengths: Sequence[int], *, config: ScheduleConfig, cost_mode
     _CHUNK_INPUT = (lengths, config, cost_model)
     try:
         if jobs <= 1 or len(bounds) == 1 or "fork" not in multiprocessing.get_all_start_methods():
+            if meanwhile is not None:
+                meanwhile()
             yield from map(_plan_chunk, bounds)
             return
         with multiprocessing.get_context("fork").Pool(min(jobs, len(bounds))) as pool:
-            for outcome in pool.imap(_plan_chunk_reporting, bounds):
+            outcomes = pool.imap(_plan_chunk_reporting, bounds)
+            if meanwhile is not None:
+                meanwhile()
+            for outcome in outcomes:
                 yield _raised(outcome)
     finally:
         _CHUNK_INPUT = None
@@ -330,15 +344,16 @@ def check_baseline_micro_batch_size(size: int, *, config: ScheduleConfig) -> Non
 
 
 def plan_baselines(
-    ours: DPSchedule, *, micro_batch_size: int | None = None, tick: Tick | None = None
+    lengths: Sequence[int], *, costs: Sequence[float], config: ScheduleConfig, micro_batch_size: int | None = None,
+    tick: Tick | None = None,
 ) -> dict[str, DPSchedule]:
-    """With a token cap, each baseline's plan of the same samples (costs of ``ours`` for every plan); Megatron
-    fixed at ``micro_batch_size`` (default :func:`baseline_micro_batch_size`)."""
+    """With a token cap, each baseline's plan of the same samples (``costs``: those of ``dpsched``'s plan, for
+    every plan); Megatron fixed at ``micro_batch_size`` (default :func:`baseline_micro_batch_size`)."""
     plans = {}
-    if ours.config.token_cap is not None:
-        size = micro_batch_size or baseline_micro_batch_size(ours.lengths, config=ours.config)
+    if config.token_cap is not None:
+        size = micro_batch_size or baseline_micro_batch_size(lengths, config=config)
         for name in BASELINE_NAMES:
-            plans[name] = build_baseline_schedule(name, ours.lengths, config=ours.config, costs=ours.costs,
+            plans[name] = build_baseline_schedule(name, lengths, config=config, costs=costs,
                                                   micro_batch_size=size if name == "megatron_fixed" else None)
             if tick is not None:
                 tick(1)
@@ -367,7 +382,7 @@ def plan_strategies(
 ) -> dict[str, DPSchedule]:
     """``dpsched`` first, then the baselines that apply."""
     ours = plan_ours(lengths, config=config, cost_model=cost_model)
-    return {OURS: ours, **plan_baselines(ours)}
+    return {OURS: ours, **plan_baselines(ours.lengths, costs=ours.costs, config=config)}
 
 
 class _Timer:
@@ -547,16 +562,32 @@ def compare(
     schedules: Mapping[str, DPSchedule], *, simulation: Simulation, tick: Tick | None = None
 ) -> tuple[StepComparison, ...]:
     """Every step of every strategy (all plans cut the same steps); ``tick(1)`` after each strategy."""
-    ours = schedules[OURS]
-    timer = _Timer(simulation, ours.config)
-    columns = {}
+    return step_comparisons(schedules[OURS], strategy_rows(schedules, simulation=simulation, tick=tick))
+
+
+StrategyRows = dict[str, list[StrategyStep]]
+"""Strategy -> its figures in every step."""
+
+
+def strategy_rows(
+    schedules: Mapping[str, DPSchedule], *, simulation: Simulation, tick: Tick | None = None
+) -> StrategyRows:
+    """Each plan's figures in every step (:func:`compare`'s columns, a strategy at a time); ``tick(1)`` after
+    each."""
+    rows, timer = {}, None
     for name, plan in schedules.items():
-        columns[name] = _strategy_steps(plan, timer=timer, padded=is_padded(name, simulation))
+        timer = timer or _Timer(simulation, plan.config)
+        rows[name] = _strategy_steps(plan, timer=timer, padded=is_padded(name, simulation))
         if tick is not None:
             tick(1)
+    return rows
+
+
+def step_comparisons(ours: DPSchedule, rows: StrategyRows) -> tuple[StepComparison, ...]:
+    """:func:`strategy_rows`' figures step by step (``rows`` in the report's order, ``dpsched`` first)."""
     return tuple(
-        StepComparison(step=step, samples=ours.step_num_samples[step], tokens=columns[OURS][step].tokens,
-                       strategies=MappingProxyType({name: rows[step] for name, rows in columns.items()}))
+        StepComparison(step=step, samples=ours.step_num_samples[step], tokens=rows[OURS][step].tokens,
+                       strategies=MappingProxyType({name: column[step] for name, column in rows.items()}))
         for step in range(ours.num_steps))
 
 

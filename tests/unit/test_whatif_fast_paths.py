@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from megatron_dpsched import ScheduleConfig
+from megatron_dpsched import ScheduleConfig, cli
 from megatron_dpsched.baselines import build_baseline_schedule
 from megatron_dpsched.baselines.simple import short_first_fit
 from megatron_dpsched.cli import main
@@ -89,3 +89,51 @@ def test_plan_leaves_the_collector_as_it_found_it(tmp_path, capsys) -> None:
     assert gc.isenabled()
     assert main(["plan", str(path), "--dp-size", "4", "--global-batch-size", "32", "--max-tokens-per-gpu", "400"]) == 0
     assert gc.isenabled() and "dp-schedule" in capsys.readouterr().out
+
+
+def _plan_output(argv: list[str], capsys) -> tuple[int, str, str]:
+    code = main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("extra", [[], ["--json"], ["--collate-format", "bshd", "--pp-size", "2"]])
+def test_baselines_planned_beside_the_workers_report_as_one_process(tmp_path, capsys, monkeypatch, extra) -> None:
+    """With several processes the baselines are planned and simulated while the workers plan: the same report."""
+    monkeypatch.setattr(cli, "PARALLEL_SAMPLES", 10)
+    rng = random.Random(5)
+    path = tmp_path / "lengths.txt"
+    path.write_text("\n".join(str(rng.choice((rng.randint(1, 200), rng.randint(300, 900)))) for _ in range(700)))
+    argv = ["plan", str(path), "--dp-size", "4", "--global-batch-size", "64", "--max-tokens-per-gpu", "1024", *extra]
+    one = _plan_output([*argv, "--jobs", "1"], capsys)
+    assert one[0] == 0 and "dp-schedule" in one[1]
+    assert _plan_output([*argv, "--jobs", "2"], capsys) == one
+
+
+def test_the_planners_error_comes_first_with_several_processes(tmp_path, capsys, monkeypatch) -> None:
+    """dp 8 over steps of 4 samples: the planner's error names --dp-size, with one process or several."""
+    monkeypatch.setattr(cli, "PARALLEL_SAMPLES", 10)
+    path = tmp_path / "lengths.txt"
+    path.write_text("5\n" * 40)
+    argv = ["plan", str(path), "--dp-size", "8", "--global-batch-size", "4", "--max-tokens-per-gpu", "64"]
+    code, out, err = _plan_output([*argv, "--jobs", "1"], capsys)
+    assert (code, out) == (2, "") and err.startswith("megatron-dpsched: error: --dp-size: dp_size=8 is larger than")
+    assert _plan_output([*argv, "--jobs", "2"], capsys) == (code, out, err)
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+@pytest.mark.parametrize(("dp", "expected"), [("8", "--dp-size: dp_size=8 is larger than"),
+                                              ("2", "a baseline refuses")])
+def test_a_baselines_error_waits_for_the_planner(tmp_path, capsys, monkeypatch, jobs, dp, expected) -> None:
+    """A baseline's error made beside the workers is raised after dp-schedule's plan, whose own error wins."""
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise ValueError("a baseline refuses")
+
+    monkeypatch.setattr(cli, "PARALLEL_SAMPLES", 10)
+    monkeypatch.setattr(cli, "plan_baselines", refuse)
+    path = tmp_path / "lengths.txt"
+    path.write_text("5\n" * 40)
+    argv = ["plan", str(path), "--dp-size", dp, "--global-batch-size", "4", "--max-tokens-per-gpu", "64",
+            "--jobs", jobs]
+    code, out, err = _plan_output(argv, capsys)
+    assert (code, out) == (2, "") and err.startswith(f"megatron-dpsched: error: {expected}")
