@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from functools import partial
 from itertools import chain
 from types import MappingProxyType
+from typing import NamedTuple
 
 import numpy as np
 
@@ -49,7 +50,6 @@ from megatron_dpsched.core import (
 )
 from megatron_dpsched.core.cost import CostFunction, sample_costs
 from megatron_dpsched.core.padding import pad_multiple_for, planned_sizes
-from megatron_dpsched.core.schedule import assemble_schedule
 from megatron_dpsched.core.steptime import VECTOR_RANKS, rank_makespans
 from megatron_dpsched.core.validation import ArgumentError
 from megatron_dpsched.options import NOMINAL_FLOPS_PER_GPU
@@ -231,18 +231,45 @@ def plan_ours(
     """
     if tick is None and jobs <= 1 and meanwhile is None:
         return plan_schedule(lengths, config=config, cost_model=cost_model)
-    plans: list = []
-    dropped: list[int] = []
     sizes = tuple(lengths)
     costs = sample_costs(sizes, None if config.balance == "tokens" else cost_model)
-    chunks = _planned_chunks(lengths, config=config, cost_model=cost_model, jobs=jobs,
-                             meanwhile=None if meanwhile is None else partial(meanwhile, sizes, costs))
-    for part_plans, part_dropped in chunks:
-        plans.extend(part_plans)
-        dropped.extend(part_dropped)
+    chunks = []
+    for chunk in _planned_chunks(lengths, config=config, cost_model=cost_model, jobs=jobs,
+                                 meanwhile=None if meanwhile is None else partial(meanwhile, sizes, costs)):
+        chunks.append(chunk)
         if tick is not None:
-            tick(len(part_plans))
-    return assemble_schedule(plans, lengths=sizes, costs=costs, groups=None, config=config, dropped=dropped)
+            tick(len(chunk.num_microbatches))
+    return _merged(chunks, lengths=sizes, costs=costs, config=config)
+
+
+def _merged(chunks: Sequence[Chunk], *, lengths: tuple[int, ...], costs: tuple[float, ...],
+            config: ScheduleConfig) -> DPSchedule:
+    """The plan of all chunks, as ``assemble_schedule`` makes it from their steps: each rank's samples over all
+    steps, its micro-batches as positions into them (one tuple per distinct span, shared by the ranks)."""
+    dp = config.dp_size
+    ids = np.concatenate([chunk.ids for chunk in chunks])
+    counts = np.concatenate([chunk.counts for chunk in chunks], axis=1)  # [rank, micro-batch over all steps]
+    ranks = np.concatenate([np.repeat(np.arange(dp), chunk.counts.sum(axis=1)) for chunk in chunks])
+    ids = ids[np.argsort(ranks, kind="stable")].tolist()  # rank by rank, each in run order
+    ends = np.cumsum(counts, axis=1)
+    stops = np.cumsum(counts.sum(axis=1)).tolist()
+    spans = _Spans()
+    return DPSchedule(
+        config=config, lengths=lengths, costs=costs, groups=None,
+        partitions=tuple(tuple(ids[start:stop]) for start, stop in zip([0, *stops[:-1]], stops)),
+        micro_batch_indices=tuple(tuple(map(spans.__getitem__, zip((row - size).tolist(), row.tolist())))
+                                  for row, size in zip(ends, counts)),
+        num_microbatches=tuple(count for chunk in chunks for count in chunk.num_microbatches),
+        step_num_samples=tuple(count for chunk in chunks for count in chunk.step_num_samples),
+        dropped=tuple(sample for chunk in chunks for sample in chunk.dropped))
+
+
+class _Spans(dict[tuple[int, int], tuple[int, ...]]):
+    """``(start, end)`` to ``tuple(range(start, end))``, made once."""
+
+    def __missing__(self, key: tuple[int, int]) -> tuple[int, ...]:
+        value = self[key] = tuple(range(*key))
+        return value
 
 
 PARALLEL_SAMPLES = 100_000
@@ -250,8 +277,16 @@ PARALLEL_SAMPLES = 100_000
 costs more than it saves)."""
 _CHUNK_INPUT: tuple | None = None
 """``(lengths, config, cost_model)`` of the chunks being planned, inherited by forked workers (nothing pickled)."""
-Chunk = tuple[list, list[int]]
-"""One chunk's step plans (sample ids of the whole input) and dropped samples."""
+class Chunk(NamedTuple):
+    """One chunk's plan in arrays (what a worker sends back)."""
+
+    ids: np.ndarray
+    """Every rank's samples (ids of the whole input) in run order, rank after rank."""
+    counts: np.ndarray
+    """``[rank, micro-batch]``: the samples of each micro-batch, in run order."""
+    num_microbatches: list[int]
+    step_num_samples: list[int]
+    dropped: list[int]
 
 
 def _planned_chunks(lengths: Sequence[int], *, config: ScheduleConfig, cost_model: CostFunction,
@@ -289,7 +324,10 @@ def _plan_chunk(bounds: tuple[int, int]) -> Chunk:
     lengths, config, cost_model = _CHUNK_INPUT
     start, stop = bounds
     part = plan_schedule(lengths[start:stop], config=config, cost_model=cost_model)
-    return _step_plans(part, offset=start), [i + start for i in part.dropped]
+    ids, counts = _flat_micro_batches(part)
+    return Chunk(ids=ids + start, counts=counts.reshape(part.dp_size, -1),
+                 num_microbatches=list(part.num_microbatches), step_num_samples=list(part.step_num_samples),
+                 dropped=[i + start for i in part.dropped])
 
 
 def _plan_chunk_reporting(bounds: tuple[int, int]) -> Chunk | tuple[str, str | None]:
@@ -309,15 +347,6 @@ def _raised(outcome: Chunk | tuple[str, str | None]) -> Chunk:
         message, argument = outcome
         raise ValueError(message) if argument is None else ArgumentError(message, argument=argument)
     return outcome
-
-
-def _step_plans(schedule: DPSchedule, *, offset: int) -> list[list[list[int]]]:
-    """Per step, per rank: micro-batches as sample ids shifted by ``offset``."""
-    return [
-        [[[i + offset for i in mb] for mb in schedule.rank_step_micro_batches(rank, step)]
-         for rank in range(schedule.dp_size)]
-        for step in range(schedule.num_steps)
-    ]
 
 
 def baseline_micro_batch_size(lengths: Sequence[int], *, config: ScheduleConfig) -> int:
