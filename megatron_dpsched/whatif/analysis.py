@@ -18,8 +18,8 @@ The speedup over a baseline is its time / ``dpsched``'s time, per step and in to
 :func:`baseline_micro_batch_size` (or the size the user gives): the speed-ups name it.
 
 Every strategy's figures of every step come from one pass over its plan in NumPy (:func:`_plan_arrays`):
-the same sums as one micro-batch at a time, the pipeline simulated for all DP ranks at once
-(:func:`~megatron_dpsched.core.steptime.rank_makespans`).
+the same sums as one micro-batch at a time, the pipeline simulated for all DP ranks of all steps of one
+micro-batch count at once (:func:`~megatron_dpsched.core.steptime.rank_makespans`).
 """
 
 from __future__ import annotations
