@@ -406,13 +406,19 @@ class _Baselines:
     its figures (``simulated``) are made, so that errors come in the order of a one-process run."""
 
     config: ScheduleConfig
+    """dp-schedule's config, which the baselines plan with."""
     simulation: Simulation
+    """How every strategy is timed."""
     micro_batch_size: int | None
+    """Megatron fixed's micro-batch size (``None``: no token cap, no baselines)."""
     shown: bool
+    """Whether the progress bar is drawn."""
     schedules: dict[str, DPSchedule] | None = None
+    """The baselines' plans, once made."""
     rows: StrategyRows | None = None
+    """The baselines' figures in every step, once simulated."""
     error: tuple[str, ValueError] | None = None
-    """``("plan" | "simulate", error)``."""
+    """``("plan" | "simulate", error)``: the error kept until dp-schedule's plan or figures are made."""
 
     def __call__(self, lengths: tuple[int, ...], costs: tuple[float, ...]) -> None:
         """Plan and simulate every baseline, keeping an error."""

@@ -277,6 +277,8 @@ PARALLEL_SAMPLES = 100_000
 costs more than it saves)."""
 _CHUNK_INPUT: tuple | None = None
 """``(lengths, config, cost_model)`` of the chunks being planned, inherited by forked workers (nothing pickled)."""
+
+
 class Chunk(NamedTuple):
     """One chunk's plan in arrays (what a worker sends back)."""
 
@@ -285,8 +287,11 @@ class Chunk(NamedTuple):
     counts: np.ndarray
     """``[rank, micro-batch]``: the samples of each micro-batch, in run order."""
     num_microbatches: list[int]
+    """Per step of the chunk: micro-batches per rank."""
     step_num_samples: list[int]
+    """Per step of the chunk: samples trained."""
     dropped: list[int]
+    """Samples the chunk dropped (``drop_last``: the input's trailing partial step)."""
 
 
 def _planned_chunks(lengths: Sequence[int], *, config: ScheduleConfig, cost_model: CostFunction,
@@ -572,14 +577,10 @@ def rank_seconds(schedule: DPSchedule, step: int, *, simulation: Simulation, pad
 
 def largest_collated(schedule: DPSchedule, *, simulation: Simulation, padded: bool) -> int:
     """The most tokens one collated micro-batch holds over the plan, padding counted as collate adds it
-    (each sample rounded to the layout's multiple; with padded rows, rows x the longest row)."""
-    timer = _Timer(simulation, schedule.config)
-    lengths, largest = schedule.lengths, 0
-    for rank in range(schedule.dp_size):
-        partition = schedule.partitions[rank]
-        for mb in schedule.micro_batch_indices[rank]:
-            largest = max(largest, sum(timer.computed([lengths[partition[p]] for p in mb], padded=padded)))
-    return largest
+    (each sample rounded to the layout's multiple; with padded rows, rows x the longest row): the largest of
+    :func:`_plan_arrays`' computed tokens."""
+    arrays = _plan_arrays(schedule, timer=_Timer(simulation, schedule.config), padded=padded)
+    return int(arrays.computed.max(initial=0))
 
 
 def is_padded(name: str, simulation: Simulation) -> bool:

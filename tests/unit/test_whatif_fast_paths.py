@@ -17,7 +17,7 @@ from megatron_dpsched.baselines.simple import short_first_fit
 from megatron_dpsched.cli import main
 from megatron_dpsched.core import StepTimeModel, simulate_rank
 from megatron_dpsched.core.packing import first_fit
-from megatron_dpsched.whatif.analysis import Simulation, compare, plan_ours
+from megatron_dpsched.whatif.analysis import Simulation, compare, largest_collated, plan_ours
 from megatron_dpsched.whatif.inputs import read_lengths
 from megatron_dpsched.whatif.model import DEFAULT_MODEL
 
@@ -137,3 +137,20 @@ def test_a_baselines_error_waits_for_the_planner(tmp_path, capsys, monkeypatch, 
             "--jobs", jobs]
     code, out, err = _plan_output(argv, capsys)
     assert (code, out) == (2, "") and err.startswith(f"megatron-dpsched: error: {expected}")
+
+
+@pytest.mark.parametrize(("cp", "padded"), [(1, False), (2, False), (1, True), (2, True)])
+def test_the_largest_collated_micro_batch_is_summed_as_collate_pads(cp: int, padded: bool) -> None:
+    """Against each micro-batch's samples rounded up to 2 x CP (CP > 1), summed or rows x the longest row."""
+    rng = random.Random(cp)
+    lengths = [rng.choice((rng.randint(1, 60), rng.randint(200, 700))) for _ in range(16 * 9 + 3)]
+    config = ScheduleConfig(dp_size=4, global_batch_size=16, max_tokens_per_gpu=512, cp_size=cp)
+    ours = plan_ours(lengths, config=config, cost_model=DEFAULT_MODEL)
+    multiple = 2 * cp if cp > 1 else 1
+    largest = 0
+    for rank in range(4):
+        for mb in ours.micro_batch_indices[rank]:
+            sizes = [-(-lengths[ours.partitions[rank][p]] // multiple) * multiple for p in mb]
+            largest = max(largest, len(sizes) * max(sizes, default=0) if padded else sum(sizes))
+    simulation = Simulation(cost_model=DEFAULT_MODEL)
+    assert largest_collated(ours, simulation=simulation, padded=padded) == largest > 0
