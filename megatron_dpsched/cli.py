@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -44,14 +45,16 @@ from megatron_dpsched.whatif.analysis import (
     PlanWarning,
     Simulation,
     StepComparison,
+    StrategyRows,
     WhatIf,
     baseline_micro_batch_size,
     check_baseline_micro_batch_size,
-    compare,
     plan_baselines,
     plan_megatron_schedulers,
     plan_ours,
     plan_warnings,
+    step_comparisons,
+    strategy_rows,
 )
 from megatron_dpsched.whatif.inputs import load_sample_lengths, read_lengths
 from megatron_dpsched.whatif.model import simulation_from_flags
@@ -396,6 +399,67 @@ def _megatron_scheduler_plans(args: argparse.Namespace) -> dict[str, StepPlan]:
     return plans
 
 
+@dataclasses.dataclass(kw_only=True)
+class _Baselines:
+    """The baselines' plans and simulated figures, made while dp-schedule's plan is made (``plan_ours``'s
+    ``meanwhile``, with several processes) or after it. An error is kept until dp-schedule's plan (``planned``) or
+    its figures (``simulated``) are made, so that errors come in the order of a one-process run."""
+
+    config: ScheduleConfig
+    """dp-schedule's config, which the baselines plan with."""
+    simulation: Simulation
+    """How every strategy is timed."""
+    micro_batch_size: int | None
+    """Megatron fixed's micro-batch size (``None``: no token cap, no baselines)."""
+    shown: bool
+    """Whether the progress bar is drawn."""
+    schedules: dict[str, DPSchedule] | None = None
+    """The baselines' plans, once made."""
+    rows: StrategyRows | None = None
+    """The baselines' figures in every step, once simulated."""
+    error: tuple[str, ValueError] | None = None
+    """``("plan" | "simulate", error)``: the error kept until dp-schedule's plan or figures are made."""
+
+    def __call__(self, lengths: tuple[int, ...], costs: tuple[float, ...]) -> None:
+        """Plan and simulate every baseline, keeping an error."""
+        self.plan(lengths, costs)
+        if self.error is None:
+            try:
+                self.rows = strategy_rows(self.schedules, simulation=self.simulation)
+            except ValueError as error:
+                self.error = ("simulate", error)
+
+    def plan(self, lengths: tuple[int, ...], costs: tuple[float, ...]) -> None:
+        """Every baseline's plan of the samples (costs: dp-schedule's), keeping an error."""
+        try:
+            with Progress("baselines", len(BASELINE_NAMES) if self.config.token_cap else 0,
+                          enabled=self.shown) as bar:
+                self.schedules = plan_baselines(lengths, costs=costs, config=self.config,
+                                                micro_batch_size=self.micro_batch_size, tick=bar.update)
+        except ValueError as error:
+            self.error = ("plan", error)
+
+    def planned(self, ours: DPSchedule) -> dict[str, DPSchedule]:
+        """The baselines' plans (planned now if not yet), or the planning error raised."""
+        if self.schedules is None and self.error is None:
+            self.plan(ours.lengths, ours.costs)
+        if self.error is not None and self.error[0] == "plan":
+            raise self.error[1]
+        assert self.schedules is not None, "planned or raised"
+        return self.schedules
+
+    def simulated(self, *, tick: Callable[[int], None]) -> StrategyRows:
+        """The baselines' figures (simulated now if not yet), or the simulation's error raised."""
+        if self.error is not None:
+            raise self.error[1]
+        assert self.schedules is not None, "planned first"
+        if self.rows is None:
+            self.rows = strategy_rows(self.schedules, simulation=self.simulation, tick=tick)
+        else:
+            tick(len(self.rows))
+        return self.rows
+
+
 def _what_if(args: argparse.Namespace) -> tuple[WhatIf, str, str]:
     _check_options(args)
     megatron_plans = _megatron_scheduler_plans(args)
@@ -407,25 +471,28 @@ def _what_if(args: argparse.Namespace) -> tuple[WhatIf, str, str]:
     fixed_size = None if config.token_cap is None else (
         args.baseline_micro_batch_size or baseline_micro_batch_size(lengths, config=config))
     shown = args.progress or sys.stderr.isatty()
+    baselines = _Baselines(config=config, simulation=simulation, micro_batch_size=fixed_size, shown=shown)
+    jobs = args.jobs if len(lengths) >= PARALLEL_SAMPLES else 1
     gbs = config.global_batch_size
     steps = len(lengths) // gbs if config.drop_last else -(-len(lengths) // gbs)
     try:
         with Progress("planning", steps, enabled=shown) as bar:
             ours = plan_ours(lengths, config=config, cost_model=simulation.cost_model,
-                             tick=bar.update if shown else None,
-                             jobs=args.jobs if len(lengths) >= PARALLEL_SAMPLES else 1)
-        with Progress("baselines", len(BASELINE_NAMES) if config.token_cap else 0, enabled=shown) as bar:
-            baselines = plan_baselines(ours, micro_batch_size=fixed_size, tick=bar.update)
-        schedules = {OURS: ours, **baselines}
+                             tick=bar.update if shown else None, jobs=jobs,
+                             meanwhile=baselines if jobs > 1 else None)  # the baselines beside the workers
+        schedules = {OURS: ours, **baselines.planned(ours)}
         megatron, refusals = plan_megatron_schedulers(ours, megatron_plans)
         schedules.update(megatron)
     except ArgumentError as error:
         raise _flag_error(error) from None
     try:
         with Progress("simulating", len(schedules), enabled=shown) as bar:
-            compared = compare(schedules, simulation=simulation, tick=bar.update)
+            rows = strategy_rows({OURS: ours}, simulation=simulation, tick=bar.update)
+            rows.update(baselines.simulated(tick=bar.update))
+            rows.update(strategy_rows(megatron, simulation=simulation, tick=bar.update))
     except ValueError as error:  # times out of range: a forward time of inf
         raise ValueError(f"{_timing_flag(args)}: {error}") from None
+    compared = step_comparisons(ours, rows)
     _check_finite(compared, args)
     report = WhatIf(config=config, simulation=simulation, schedules=schedules, steps=compared,
                     warnings=(*plan_warnings(schedules[OURS]), *refusals),
@@ -440,6 +507,19 @@ def _warn(warnings: Sequence[PlanWarning]) -> None:
 
 
 def _run_plan(args: argparse.Namespace) -> int:
+    """The what-if report (or a cap sweep's) with the cyclic garbage collector off: a plan of millions of samples
+    is millions of small lists and tuples in no cycle, which every collection walks again to free nothing (the
+    planner pauses it too); restored after."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _plan_and_report(args)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _plan_and_report(args: argparse.Namespace) -> int:
     caps = args.max_tokens_per_gpu or (None,)
     if len(caps) > 1 and (args.megatron_lm_src or args.megatron_hybrid_cp):
         raise ValueError("Megatron's schedulers (--megatron-lm-src, --megatron-hybrid-cp) are compared at one cap: "

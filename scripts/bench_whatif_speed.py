@@ -41,7 +41,7 @@ LAYOUTS = {
 TARGETS = {1_000_000: 10.0, 5_000_000: 60.0}
 """Samples -> seconds the what-if tool may take (issue 28); sizes between take the next larger size's."""
 PHASES = {"load_sample_lengths": "read input", "plan_ours": "dp-schedule planner (core)",
-          "plan_baselines": "baselines", "compare": "simulated comparison", "table_lines": "report"}
+          "plan_baselines": "baselines", "strategy_rows": "simulated comparison", "table_lines": "report"}
 
 
 def target(samples: int) -> float | None:

@@ -47,9 +47,32 @@ def per_rank_first_fit(
     step: list[int], *, sizes: Sequence[int], costs: Sequence[float], config: ScheduleConfig
 ) -> list[RankPlan]:
     """Each rank first-fits its contiguous slice in arrival order; the count is the all-reduced maximum."""
-    packed = [first_fit(items, sizes, config.token_cap) for items in rank_slices(step, config.dp_size)]
+    packed = [(short_first_fit if len(items) <= SHORT_SLICE else first_fit)(items, sizes, config.token_cap)
+              for items in rank_slices(step, config.dp_size)]
     count = config.layout.align(max(len(bins) for bins in packed))
     return [bins + [[] for _ in range(count - len(bins))] for bins in packed]
+
+
+SHORT_SLICE = 256
+"""Up to this many samples, :func:`short_first_fit` packs a slice (faster than the segment tree there)."""
+
+
+def short_first_fit(items: Sequence[int], sizes: Sequence[int], cap: int) -> list[list[int]]:
+    """:func:`~megatron_dpsched.core.packing.first_fit`'s micro-batches, found by scanning the open ones' rooms
+    in order (a sample over the cap gets its own micro-batch, which stays full)."""
+    bins: list[list[int]] = []
+    rooms: list[int] = []
+    for item in items:
+        size = sizes[item]
+        for position, room in enumerate(rooms):
+            if room >= size:
+                bins[position].append(item)
+                rooms[position] = room - size
+                break
+        else:
+            bins.append([item])
+            rooms.append(cap - size if size <= cap else -1)
+    return bins
 
 
 def global_first_fit(

@@ -18,8 +18,8 @@ The speedup over a baseline is its time / ``dpsched``'s time, per step and in to
 :func:`baseline_micro_batch_size` (or the size the user gives): the speed-ups name it.
 
 Every strategy's figures of every step come from one pass over its plan in NumPy (:func:`_plan_arrays`):
-the same sums as one micro-batch at a time, the pipeline simulated for all DP ranks at once
-(:func:`~megatron_dpsched.core.steptime.rank_makespans`).
+the same sums as one micro-batch at a time, the pipeline simulated for all DP ranks of all steps of one
+micro-batch count at once (:func:`~megatron_dpsched.core.steptime.rank_makespans`).
 """
 
 from __future__ import annotations
@@ -28,8 +28,10 @@ import math
 import multiprocessing
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from itertools import chain
 from types import MappingProxyType
+from typing import NamedTuple
 
 import numpy as np
 
@@ -48,8 +50,7 @@ from megatron_dpsched.core import (
 )
 from megatron_dpsched.core.cost import CostFunction, sample_costs
 from megatron_dpsched.core.padding import pad_multiple_for, planned_sizes
-from megatron_dpsched.core.schedule import assemble_schedule
-from megatron_dpsched.core.steptime import rank_makespans
+from megatron_dpsched.core.steptime import VECTOR_RANKS, rank_makespans
 from megatron_dpsched.core.validation import ArgumentError
 from megatron_dpsched.options import NOMINAL_FLOPS_PER_GPU
 
@@ -214,27 +215,61 @@ class WhatIf:
         return times.index(max(times))
 
 
+Meanwhile = Callable[[tuple[int, ...], tuple[float, ...]], None]
+"""Work for this process while the workers plan: called with the samples' lengths and costs (those of the plan)."""
+
+
 def plan_ours(
     lengths: Sequence[int], *, config: ScheduleConfig, cost_model: CostFunction, tick: Tick | None = None,
-    jobs: int = 1,
+    jobs: int = 1, meanwhile: Meanwhile | None = None,
 ) -> DPSchedule:
     """:func:`plan_schedule`; with ``tick``, or ``jobs`` > 1 processes (forked, where the platform forks), a few
-    steps at a time (``tick(steps)`` after each), merged into one plan.
+    steps at a time (``tick(steps)`` after each), merged into one plan. ``meanwhile(lengths, costs)`` runs here
+    while the workers plan (with one process: before planning).
 
     Steps are planned independently, so the result equals one ``plan_schedule`` call.
     """
-    if tick is None and jobs <= 1:
+    if tick is None and jobs <= 1 and meanwhile is None:
         return plan_schedule(lengths, config=config, cost_model=cost_model)
-    plans: list = []
-    dropped: list[int] = []
-    for part_plans, part_dropped in _planned_chunks(lengths, config=config, cost_model=cost_model, jobs=jobs):
-        plans.extend(part_plans)
-        dropped.extend(part_dropped)
-        if tick is not None:
-            tick(len(part_plans))
     sizes = tuple(lengths)
     costs = sample_costs(sizes, None if config.balance == "tokens" else cost_model)
-    return assemble_schedule(plans, lengths=sizes, costs=costs, groups=None, config=config, dropped=dropped)
+    chunks = []
+    for chunk in _planned_chunks(lengths, config=config, cost_model=cost_model, jobs=jobs,
+                                 meanwhile=None if meanwhile is None else partial(meanwhile, sizes, costs)):
+        chunks.append(chunk)
+        if tick is not None:
+            tick(len(chunk.num_microbatches))
+    return _merged(chunks, lengths=sizes, costs=costs, config=config)
+
+
+def _merged(chunks: Sequence[Chunk], *, lengths: tuple[int, ...], costs: tuple[float, ...],
+            config: ScheduleConfig) -> DPSchedule:
+    """The plan of all chunks, as ``assemble_schedule`` makes it from their steps: each rank's samples over all
+    steps, its micro-batches as positions into them (one tuple per distinct span, shared by the ranks)."""
+    dp = config.dp_size
+    ids = np.concatenate([chunk.ids for chunk in chunks])
+    counts = np.concatenate([chunk.counts for chunk in chunks], axis=1)  # [rank, micro-batch over all steps]
+    ranks = np.concatenate([np.repeat(np.arange(dp), chunk.counts.sum(axis=1)) for chunk in chunks])
+    ids = ids[np.argsort(ranks, kind="stable")].tolist()  # rank by rank, each in run order
+    ends = np.cumsum(counts, axis=1)
+    stops = np.cumsum(counts.sum(axis=1)).tolist()
+    spans = _Spans()
+    return DPSchedule(
+        config=config, lengths=lengths, costs=costs, groups=None,
+        partitions=tuple(tuple(ids[start:stop]) for start, stop in zip([0, *stops[:-1]], stops)),
+        micro_batch_indices=tuple(tuple(map(spans.__getitem__, zip((row - size).tolist(), row.tolist())))
+                                  for row, size in zip(ends, counts)),
+        num_microbatches=tuple(count for chunk in chunks for count in chunk.num_microbatches),
+        step_num_samples=tuple(count for chunk in chunks for count in chunk.step_num_samples),
+        dropped=tuple(sample for chunk in chunks for sample in chunk.dropped))
+
+
+class _Spans(dict[tuple[int, int], tuple[int, ...]]):
+    """``(start, end)`` to ``tuple(range(start, end))``, made once."""
+
+    def __missing__(self, key: tuple[int, int]) -> tuple[int, ...]:
+        value = self[key] = tuple(range(*key))
+        return value
 
 
 PARALLEL_SAMPLES = 100_000
@@ -242,14 +277,28 @@ PARALLEL_SAMPLES = 100_000
 costs more than it saves)."""
 _CHUNK_INPUT: tuple | None = None
 """``(lengths, config, cost_model)`` of the chunks being planned, inherited by forked workers (nothing pickled)."""
-Chunk = tuple[list, list[int]]
-"""One chunk's step plans (sample ids of the whole input) and dropped samples."""
+
+
+class Chunk(NamedTuple):
+    """One chunk's plan in arrays (what a worker sends back)."""
+
+    ids: np.ndarray
+    """Every rank's samples (ids of the whole input) in run order, rank after rank."""
+    counts: np.ndarray
+    """``[rank, micro-batch]``: the samples of each micro-batch, in run order."""
+    num_microbatches: list[int]
+    """Per step of the chunk: micro-batches per rank."""
+    step_num_samples: list[int]
+    """Per step of the chunk: samples trained."""
+    dropped: list[int]
+    """Samples the chunk dropped (``drop_last``: the input's trailing partial step)."""
 
 
 def _planned_chunks(lengths: Sequence[int], *, config: ScheduleConfig, cost_model: CostFunction,
-                    jobs: int) -> Iterator[Chunk]:
+                    jobs: int, meanwhile: Callable[[], None] | None = None) -> Iterator[Chunk]:
     """About 100 runs of whole steps (a ragged tail joins the run before it), planned in order, by ``jobs``
-    forked processes where there are several."""
+    forked processes where there are several; ``meanwhile()`` runs here once the workers have their runs (first
+    with one process)."""
     gbs, count = config.global_batch_size, len(lengths)
     chunk = gbs * max(1, math.ceil(count / gbs / 100))
     starts = list(range(0, count, chunk))
@@ -260,10 +309,15 @@ def _planned_chunks(lengths: Sequence[int], *, config: ScheduleConfig, cost_mode
     _CHUNK_INPUT = (lengths, config, cost_model)
     try:
         if jobs <= 1 or len(bounds) == 1 or "fork" not in multiprocessing.get_all_start_methods():
+            if meanwhile is not None:
+                meanwhile()
             yield from map(_plan_chunk, bounds)
             return
         with multiprocessing.get_context("fork").Pool(min(jobs, len(bounds))) as pool:
-            for outcome in pool.imap(_plan_chunk_reporting, bounds):
+            outcomes = pool.imap(_plan_chunk_reporting, bounds)
+            if meanwhile is not None:
+                meanwhile()
+            for outcome in outcomes:
                 yield _raised(outcome)
     finally:
         _CHUNK_INPUT = None
@@ -275,7 +329,10 @@ def _plan_chunk(bounds: tuple[int, int]) -> Chunk:
     lengths, config, cost_model = _CHUNK_INPUT
     start, stop = bounds
     part = plan_schedule(lengths[start:stop], config=config, cost_model=cost_model)
-    return _step_plans(part, offset=start), [i + start for i in part.dropped]
+    ids, counts = _flat_micro_batches(part)
+    return Chunk(ids=ids + start, counts=counts.reshape(part.dp_size, -1),
+                 num_microbatches=list(part.num_microbatches), step_num_samples=list(part.step_num_samples),
+                 dropped=[i + start for i in part.dropped])
 
 
 def _plan_chunk_reporting(bounds: tuple[int, int]) -> Chunk | tuple[str, str | None]:
@@ -295,15 +352,6 @@ def _raised(outcome: Chunk | tuple[str, str | None]) -> Chunk:
         message, argument = outcome
         raise ValueError(message) if argument is None else ArgumentError(message, argument=argument)
     return outcome
-
-
-def _step_plans(schedule: DPSchedule, *, offset: int) -> list[list[list[int]]]:
-    """Per step, per rank: micro-batches as sample ids shifted by ``offset``."""
-    return [
-        [[[i + offset for i in mb] for mb in schedule.rank_step_micro_batches(rank, step)]
-         for rank in range(schedule.dp_size)]
-        for step in range(schedule.num_steps)
-    ]
 
 
 def baseline_micro_batch_size(lengths: Sequence[int], *, config: ScheduleConfig) -> int:
@@ -330,15 +378,16 @@ def check_baseline_micro_batch_size(size: int, *, config: ScheduleConfig) -> Non
 
 
 def plan_baselines(
-    ours: DPSchedule, *, micro_batch_size: int | None = None, tick: Tick | None = None
+    lengths: Sequence[int], *, costs: Sequence[float], config: ScheduleConfig, micro_batch_size: int | None = None,
+    tick: Tick | None = None,
 ) -> dict[str, DPSchedule]:
-    """With a token cap, each baseline's plan of the same samples (costs of ``ours`` for every plan); Megatron
-    fixed at ``micro_batch_size`` (default :func:`baseline_micro_batch_size`)."""
+    """With a token cap, each baseline's plan of the same samples (``costs``: those of ``dpsched``'s plan, for
+    every plan); Megatron fixed at ``micro_batch_size`` (default :func:`baseline_micro_batch_size`)."""
     plans = {}
-    if ours.config.token_cap is not None:
-        size = micro_batch_size or baseline_micro_batch_size(ours.lengths, config=ours.config)
+    if config.token_cap is not None:
+        size = micro_batch_size or baseline_micro_batch_size(lengths, config=config)
         for name in BASELINE_NAMES:
-            plans[name] = build_baseline_schedule(name, ours.lengths, config=ours.config, costs=ours.costs,
+            plans[name] = build_baseline_schedule(name, lengths, config=config, costs=costs,
                                                   micro_batch_size=size if name == "megatron_fixed" else None)
             if tick is not None:
                 tick(1)
@@ -367,7 +416,7 @@ def plan_strategies(
 ) -> dict[str, DPSchedule]:
     """``dpsched`` first, then the baselines that apply."""
     ours = plan_ours(lengths, config=config, cost_model=cost_model)
-    return {OURS: ours, **plan_baselines(ours)}
+    return {OURS: ours, **plan_baselines(ours.lengths, costs=ours.costs, config=config)}
 
 
 class _Timer:
@@ -378,6 +427,17 @@ class _Timer:
         self.model = simulation.timing(cp_size=config.cp_size)
         self.flops: dict[int, float] = {}
         self.cost_model = simulation.cost_model
+        self._samples: tuple[Sequence[int], np.ndarray, np.ndarray] | None = None
+
+    def sample_arrays(self, lengths: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Every sample's length (int64) and cost (:meth:`cost`), made once for the plans of the same samples
+        (the baselines share ``dpsched``'s ``lengths``)."""
+        if self._samples is None or self._samples[0] is not lengths:
+            array = np.fromiter(lengths, dtype=np.int64, count=len(lengths))
+            distinct, inverse = np.unique(array, return_inverse=True)
+            costs = np.array([self.cost(n) for n in distinct.tolist()], dtype=np.float64)[inverse]
+            self._samples = (lengths, array, costs)
+        return self._samples[1], self._samples[2]
 
     def computed(self, lengths: list[int], *, padded: bool) -> list[int]:
         """What the GPUs compute for a micro-batch: padded rows (``bshd``) or CP-rounded packed samples."""
@@ -409,7 +469,7 @@ class _PlanArrays:
 
 def _plan_arrays(schedule: DPSchedule, *, timer: _Timer, padded: bool) -> _PlanArrays:
     """Every micro-batch's sums at once: :meth:`_Timer.computed` and the model's forward time of each."""
-    dp, lengths = schedule.dp_size, np.asarray(schedule.lengths, dtype=np.int64)
+    dp, (lengths, sample_cost) = schedule.dp_size, timer.sample_arrays(schedule.lengths)
     ids, counts = _flat_micro_batches(schedule)
     owner = np.repeat(np.arange(counts.size), counts)
     real = lengths[ids]
@@ -430,8 +490,7 @@ def _plan_arrays(schedule: DPSchedule, *, timer: _Timer, padded: bool) -> _PlanA
         forward = (timer.model.seconds_per_token * np.where(dummy, 1, computed).astype(np.float64)
                    + timer.model.seconds_per_token_pair * np.where(dummy, 1.0, pairs)
                    + timer.model.seconds_per_microbatch)
-    distinct, inverse = np.unique(real, return_inverse=True)
-    cost = np.array([timer.cost(int(n)) for n in distinct.tolist()], dtype=np.float64)[inverse]
+    cost = sample_cost[ids]
     steps = np.repeat(np.arange(schedule.num_steps), schedule.num_microbatches)  # each column's step
     key = np.repeat((np.arange(dp)[:, None] * schedule.num_steps + steps[None, :]).ravel(), counts)
     shape = (dp, -1)
@@ -454,27 +513,45 @@ def _flat_micro_batches(schedule: DPSchedule) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _strategy_steps(schedule: DPSchedule, *, timer: _Timer, padded: bool) -> list[StrategyStep]:
-    """The figures of one strategy's plan in every step."""
+    """The figures of one strategy's plan in every step: the per-rank sums of all steps at once, the pipelines of
+    all steps of one micro-batch count in one simulation (:func:`_step_makespans`)."""
     arrays = _plan_arrays(schedule, timer=timer, padded=padded)
-    dp, cap, layout = schedule.dp_size, schedule.config.token_cap, schedule.config.layout
+    dp, cap, counts = schedule.dp_size, schedule.config.token_cap, schedule.num_microbatches
+    starts = np.cumsum(counts) - np.asarray(counts)
+    assert all(counts), "every step runs at least one micro-batch"
+    tokens = np.add.reduceat(arrays.tokens, starts, axis=1).T.tolist()
+    padding = (np.add.reduceat(arrays.computed, starts, axis=1) - np.add.reduceat(arrays.tokens, starts, axis=1))
+    filled = (np.zeros(len(counts), dtype=np.int64) if cap is None
+              else np.add.reduceat(np.minimum(arrays.tokens, cap).sum(axis=0), starts))
+    seconds = _step_makespans(arrays.forward, schedule, backward_factor=timer.model.backward_factor)
     rows = []
-    for step in range(schedule.num_steps):
-        columns = schedule.step_micro_batch_range(step)
-        window = slice(columns.start, columns.stop)
-        tokens, computed = arrays.tokens[:, window], arrays.computed[:, window]
-        rank_tokens = tokens.sum(axis=1).tolist()
-        rank_padding = (computed.sum(axis=1) - tokens.sum(axis=1)).tolist()
-        seconds = rank_makespans(arrays.forward[:, window].tolist(), layout=layout,
-                                 backward_factor=timer.model.backward_factor)
-        rank_costs = arrays.costs[:, step].tolist()
-        count = len(columns)
-        fill = 0.0 if cap is None else int(np.minimum(tokens, cap).sum()) / (count * dp * cap)
+    for count, rank_tokens, rank_padding, rank_costs, times, fit in zip(
+            counts, tokens, padding.T.tolist(), arrays.costs.T.tolist(), seconds, filled.tolist()):
+        slowest = max(times)
         rows.append(StrategyStep(
-            micro_batches=count, tokens=sum(rank_tokens), padding=sum(rank_padding), token_fill=fill,
-            imbalance=max(rank_costs) * dp / sum(rank_costs) - 1.0, seconds=max(seconds),
-            slowest_rank=seconds.index(max(seconds)), rank_tokens=tuple(rank_tokens),
-            rank_padding=tuple(rank_padding)))
+            micro_batches=count, tokens=sum(rank_tokens), padding=sum(rank_padding),
+            token_fill=0.0 if cap is None else fit / (count * dp * cap),
+            imbalance=max(rank_costs) * dp / sum(rank_costs) - 1.0, seconds=slowest,
+            slowest_rank=times.index(slowest), rank_tokens=tuple(rank_tokens), rank_padding=tuple(rank_padding)))
     return rows
+
+
+def _step_makespans(forward: np.ndarray, schedule: DPSchedule, *, backward_factor: float) -> list[list[float]]:
+    """Per step, every DP rank's simulated makespan (:func:`rank_makespans`) of ``forward`` (``[rank, micro-batch
+    over all steps]`` seconds): the steps of one micro-batch count are simulated together, as ranks of one step
+    (each rank's pipeline on its own: the same figures as step by step)."""
+    counts = np.asarray(schedule.num_microbatches)
+    starts, dp = np.cumsum(counts) - counts, schedule.dp_size
+    makespans: list[list[float]] = [[] for _ in range(counts.size)]
+    for count in np.unique(counts).tolist():
+        steps = np.flatnonzero(counts == count)
+        columns = starts[steps][:, None] + np.arange(count)  # [step, micro-batch]
+        block = forward[:, columns].transpose(1, 0, 2).reshape(-1, count)  # rows: step by step, rank by rank
+        rows = block if len(block) >= VECTOR_RANKS else block.tolist()  # one rank at a time: Python floats
+        spans = rank_makespans(rows, layout=schedule.config.layout, backward_factor=backward_factor)
+        for step, position in zip(steps.tolist(), range(0, len(spans), dp)):
+            makespans[step] = spans[position:position + dp]
+    return makespans
 
 
 def rank_timeline(
@@ -500,14 +577,10 @@ def rank_seconds(schedule: DPSchedule, step: int, *, simulation: Simulation, pad
 
 def largest_collated(schedule: DPSchedule, *, simulation: Simulation, padded: bool) -> int:
     """The most tokens one collated micro-batch holds over the plan, padding counted as collate adds it
-    (each sample rounded to the layout's multiple; with padded rows, rows x the longest row)."""
-    timer = _Timer(simulation, schedule.config)
-    lengths, largest = schedule.lengths, 0
-    for rank in range(schedule.dp_size):
-        partition = schedule.partitions[rank]
-        for mb in schedule.micro_batch_indices[rank]:
-            largest = max(largest, sum(timer.computed([lengths[partition[p]] for p in mb], padded=padded)))
-    return largest
+    (each sample rounded to the layout's multiple; with padded rows, rows x the longest row): the largest of
+    :func:`_plan_arrays`' computed tokens."""
+    arrays = _plan_arrays(schedule, timer=_Timer(simulation, schedule.config), padded=padded)
+    return int(arrays.computed.max(initial=0))
 
 
 def is_padded(name: str, simulation: Simulation) -> bool:
@@ -519,16 +592,32 @@ def compare(
     schedules: Mapping[str, DPSchedule], *, simulation: Simulation, tick: Tick | None = None
 ) -> tuple[StepComparison, ...]:
     """Every step of every strategy (all plans cut the same steps); ``tick(1)`` after each strategy."""
-    ours = schedules[OURS]
-    timer = _Timer(simulation, ours.config)
-    columns = {}
+    return step_comparisons(schedules[OURS], strategy_rows(schedules, simulation=simulation, tick=tick))
+
+
+StrategyRows = dict[str, list[StrategyStep]]
+"""Strategy -> its figures in every step."""
+
+
+def strategy_rows(
+    schedules: Mapping[str, DPSchedule], *, simulation: Simulation, tick: Tick | None = None
+) -> StrategyRows:
+    """Each plan's figures in every step (:func:`compare`'s columns, a strategy at a time); ``tick(1)`` after
+    each."""
+    rows, timer = {}, None
     for name, plan in schedules.items():
-        columns[name] = _strategy_steps(plan, timer=timer, padded=is_padded(name, simulation))
+        timer = timer or _Timer(simulation, plan.config)
+        rows[name] = _strategy_steps(plan, timer=timer, padded=is_padded(name, simulation))
         if tick is not None:
             tick(1)
+    return rows
+
+
+def step_comparisons(ours: DPSchedule, rows: StrategyRows) -> tuple[StepComparison, ...]:
+    """:func:`strategy_rows`' figures step by step (``rows`` in the report's order, ``dpsched`` first)."""
     return tuple(
-        StepComparison(step=step, samples=ours.step_num_samples[step], tokens=columns[OURS][step].tokens,
-                       strategies=MappingProxyType({name: rows[step] for name, rows in columns.items()}))
+        StepComparison(step=step, samples=ours.step_num_samples[step], tokens=rows[OURS][step].tokens,
+                       strategies=MappingProxyType({name: column[step] for name, column in rows.items()}))
         for step in range(ours.num_steps))
 
 

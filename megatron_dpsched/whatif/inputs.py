@@ -14,19 +14,46 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from megatron_dpsched.core.validation import MAX_TOKENS
 from megatron_dpsched.data.rows import row_length
 
 
 def read_lengths(path: str) -> list[int]:
-    """Token counts of a length file: integers separated by whitespace; blank lines are skipped."""
-    lengths: list[int] = []
+    """Token counts of a length file: integers separated by whitespace; blank lines are skipped. A file of ASCII
+    digits and whitespace whose counts are all in range is parsed by NumPy at once; any other file is read line
+    by line, which names the first bad count's line."""
+    lengths = _parsed_at_once(path)
+    if lengths is not None:
+        return lengths
+    lengths = []
     for number, line in enumerate(_text_lines(path), 1):
         for word in line.split():
             lengths.append(_token_count(word, f"{path}:{number}"))
     if not lengths:
         raise ValueError(f"{path} holds no token counts (a length file has one positive integer per sample)")
     return lengths
+
+
+PLAIN_TEXT = b"0123456789 \t\n\r\x0b\x0c"
+"""The bytes of a length file that :func:`_parsed_at_once` parses (digits and ASCII whitespace)."""
+
+
+def _parsed_at_once(path: str) -> list[int] | None:
+    """The counts of a file of :data:`PLAIN_TEXT` bytes only, every count in ``1..MAX_TOKENS``, else ``None``
+    (an error, or a file the line-by-line reader must judge)."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return None
+    if data.translate(None, PLAIN_TEXT):
+        return None
+    values = np.fromstring(data, dtype=np.int64, sep=" ")  # whitespace separates; a huge count saturates
+    if values.size == 0 or values.min() < 1 or values.max() > MAX_TOKENS:
+        return None
+    return values.tolist()
 
 
 def _token_count(word: str, where: str) -> int:
