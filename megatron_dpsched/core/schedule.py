@@ -304,7 +304,7 @@ def plan_schedule(
     require_cost_model(cost_model)
     costs = sample_costs(lengths, _cost_function(config, cost_model))
     lengths, costs = array_tuple(lengths, np.int64), array_tuple(costs, np.float64)  # one copy each while planning
-    plans = [plan_step(step, lengths=lengths, costs=costs, config=config) for step in steps]
+    plans = [plan_step(step, lengths=lengths, costs=costs, config=config, frozen=True) for step in steps]
     return assemble_schedule(plans, lengths=lengths, costs=tuple(costs), groups=groups, config=config,
                              dropped=dropped)
 

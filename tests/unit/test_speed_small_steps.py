@@ -1,0 +1,69 @@
+"""The shortcut of steps with no more samples than ranks (issue 28, point 3): LPT and packing are then
+determined, and the shortcut's plan is the general deal's (LPT on every sample, then each rank packed) on many
+random small cases; costs it cannot decide (zero) go the general way."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from megatron_dpsched.core import planning
+from megatron_dpsched.core.balancing import lpt_ranks
+from megatron_dpsched.core.config import ScheduleConfig
+from megatron_dpsched.core.packing import pack_ranks
+from megatron_dpsched.core.padding import array_tuple, step_sizes
+
+
+def general_deal(sizes: list[int], costs: list[float], *, config: ScheduleConfig, num_microbatches: int) -> list:
+    """LPT on every sample, then every rank packed into ``num_microbatches`` (the general steps 3-4)."""
+    cap = config.token_cap
+    ranks = lpt_ranks(range(len(sizes)), costs=costs, weights=np.minimum(np.asarray(sizes), cap),
+                      capacity=num_microbatches * cap, num_ranks=config.dp_size)
+    assert ranks is not None
+    return pack_ranks(ranks, sizes, cap, num_microbatches, padded_rows=config.padded_rows)
+
+
+def random_case(rng: random.Random) -> tuple[list[int], list[float], ScheduleConfig]:
+    dp = rng.choice((1, 2, 3, 8, 15, 16, 17, 64, 512))
+    cap = rng.choice((7, 100, 4096))
+    count = rng.randint(1, dp)
+    sizes = [rng.choice((rng.randint(1, cap), rng.randint(1, 3), cap, cap + rng.randint(1, 9))) for _ in range(count)]
+    kind = rng.randrange(3)
+    if kind == 0:  # costs of the sizes: ties between equal sizes
+        costs = [float(s) ** 1.5 for s in sizes]
+    elif kind == 1:  # few distinct costs: ties across different sizes
+        costs = [rng.choice((0.5, 1.0, 3.0)) for _ in sizes]
+    else:
+        costs = [rng.random() + 1e-9 for _ in sizes]
+    config = ScheduleConfig(dp_size=dp, global_batch_size=count, max_tokens_per_gpu=cap,
+                            padded_rows=rng.random() < 0.3)
+    return sizes, costs, config
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_one_sample_per_rank_plan_is_the_general_deals(seed: int) -> None:
+    rng = random.Random(seed)
+    sizes, costs, config = random_case(rng)
+    num_microbatches = rng.randint(1, 6)
+    step, step_costs = step_sizes(sizes, pad_multiple=1), array_tuple(costs, np.float64)
+    fast = planning._one_per_rank(step, step_costs, config=config, num_microbatches=num_microbatches)
+    assert fast == general_deal(sizes, costs, config=config, num_microbatches=num_microbatches)
+    assert fast == planning._assign_and_pack(step, step_costs, config=config, num_microbatches=num_microbatches)
+    assert sorted(i for rank in fast for mb in rank for i in mb) == list(range(len(sizes)))
+    assert all(len(rank) == num_microbatches for rank in fast) and len(fast) == config.dp_size
+
+
+def test_equal_costs_go_larger_capped_size_first_then_by_id() -> None:
+    config = ScheduleConfig(dp_size=4, global_batch_size=4, max_tokens_per_gpu=10)
+    sizes, costs = [3, 12, 11, 1], [1.0, 1.0, 1.0, 2.0]  # 12 and 11 both weigh the cap: a tie, id 1 first
+    plan = planning._one_per_rank(sizes, costs, config=config, num_microbatches=2)
+    assert plan == [[[3], []], [[1], []], [[2], []], [[0], []]]
+    assert plan == general_deal(sizes, costs, config=config, num_microbatches=2)
+
+
+@pytest.mark.parametrize("costs", [[0.0, 1.0, 1.0], [1.0, float("nan"), 2.0], [float("inf"), 1.0, 1.0], []])
+def test_costs_it_cannot_decide_take_the_general_path(costs: list[float]) -> None:
+    config = ScheduleConfig(dp_size=4, global_batch_size=3, max_tokens_per_gpu=10)
+    assert planning._one_per_rank([1, 2, 3][: len(costs)], costs, config=config, num_microbatches=2) is None
