@@ -69,7 +69,8 @@ def plan_step(
     if contiguous and first == 0 and len(samples) == len(lengths):
         local_lengths, local_costs = lengths, costs  # the whole run: no copy
     elif contiguous:
-        local_lengths, local_costs = lengths[first : first + len(samples)], costs[first : first + len(samples)]
+        stop = first + len(samples)
+        local_lengths, local_costs = padding.array_slice(lengths, first, stop), padding.array_slice(costs, first, stop)
     else:
         local_lengths, local_costs = [lengths[i] for i in samples], [costs[i] for i in samples]
     local_sizes = padding.step_sizes(local_lengths, pad_multiple=config.pad_multiple)
@@ -102,8 +103,7 @@ def _frozen(ranks: list[RankPlan], samples: Sequence[int], *, first: int | None)
     if first == 0:
         return [tuple(map(tuple, rank)) for rank in ranks]
     if first is not None:
-        shift = first.__add__
-        return [tuple([tuple(map(shift, mb)) if mb else () for mb in rank]) for rank in ranks]
+        return [tuple([tuple([first + i for i in mb]) if mb else () for mb in rank]) for rank in ranks]
     return [tuple([tuple(map(samples.__getitem__, mb)) for mb in rank]) for rank in ranks]
 
 

@@ -13,7 +13,7 @@ from megatron_dpsched.core import planning
 from megatron_dpsched.core.balancing import lpt_ranks
 from megatron_dpsched.core.config import ScheduleConfig
 from megatron_dpsched.core.packing import pack_ranks
-from megatron_dpsched.core.padding import array_tuple, step_sizes
+from megatron_dpsched.core.padding import ArrayTuple, array_slice, array_tuple, step_sizes
 
 
 def general_deal(sizes: list[int], costs: list[float], *, config: ScheduleConfig, num_microbatches: int) -> list:
@@ -67,3 +67,28 @@ def test_equal_costs_go_larger_capped_size_first_then_by_id() -> None:
 def test_costs_it_cannot_decide_take_the_general_path(costs: list[float]) -> None:
     config = ScheduleConfig(dp_size=4, global_batch_size=3, max_tokens_per_gpu=10)
     assert planning._one_per_rank([1, 2, 3][: len(costs)], costs, config=config, num_microbatches=2) is None
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_frozen_step_plan_is_the_plan_as_tuples(seed: int) -> None:
+    rng = random.Random(seed)
+    lengths = [rng.randint(1, 120) for _ in range(rng.randint(8, 60))]
+    costs = array_tuple([float(n) for n in lengths], np.float64)
+    config = ScheduleConfig(dp_size=rng.choice((1, 2, 4)), global_batch_size=8, max_tokens_per_gpu=100,
+                            pp_size=rng.choice((1, 2)))
+    count = min(len(lengths), rng.randint(config.dp_size, 20))
+    start = rng.randint(0, len(lengths) - count)
+    for samples in (range(count), range(start, start + count), sorted(rng.sample(range(len(lengths)), count))):
+        kwargs = {"lengths": lengths, "costs": costs, "config": config}
+        plan = planning.plan_step(samples, **kwargs)
+        frozen = planning.plan_step(samples, **kwargs, frozen=True)
+        assert frozen == [tuple(map(tuple, rank)) for rank in plan]
+        assert all(type(mb) is tuple for rank in frozen for mb in rank)
+
+
+def test_array_slice_keeps_the_items_and_slices_the_array() -> None:
+    values = array_tuple([1.5, 2.0, 3.25, 4.0], np.float64)
+    part = array_slice(values, 1, 3)
+    assert isinstance(part, ArrayTuple) and part == (2.0, 3.25)
+    assert part.values.tolist() == [2.0, 3.25] and not part.values.flags.writeable
+    assert array_slice([1, 2, 3], 1, 3) == [2, 3]
