@@ -49,11 +49,11 @@ def plan_step(
     lengths: Sequence[int],
     costs: Sequence[float],
     config: ScheduleConfig,
-    frozen: bool = False,
-) -> list[RankPlan] | list[FrozenRankPlan]:
-    """One step: per rank, its micro-batches (global sample ids) in run order (``frozen``: each rank and
-    micro-batch a tuple, an empty one the shared ``()``: what a whole run keeps until it is assembled, in a
-    fraction of the memory).
+    compact: bool = False,
+) -> list[RankPlan] | list[CompactRankPlan]:
+    """One step: per rank, its micro-batches (global sample ids) in run order (``compact``: where the plan's
+    positions in the step must be copied to sample ids, each rank and micro-batch a tuple, an empty one the
+    shared ``()``; what a whole run keeps until it is assembled, in a fraction of the memory).
 
     ``lengths`` and ``costs`` are indexed by global sample id. The step is planned on planned sizes
     (lengths rounded up to ``pad_multiple``) wherever it counts tokens: the lower bound, rank
@@ -84,8 +84,8 @@ def plan_step(
     else:  # rank by rank in place: each rank's unordered micro-batches are freed as the next are ordered
         for r in range(len(ranks)):
             ranks[r] = order_micro_batches(ranks[r], local_costs, config.microbatch_order)
-    if frozen:
-        return _frozen(ranks, samples, first=first if contiguous else None)
+    if compact:
+        return _compact(ranks, samples, first=first if contiguous else None)
     if contiguous and first == 0:
         return ranks
     if contiguous:
@@ -93,15 +93,16 @@ def plan_step(
     return [[[samples[i] for i in mb] for mb in rank] for rank in ranks]
 
 
-FrozenRankPlan = tuple[tuple[int, ...], ...]
-"""A rank's micro-batches of one step as tuples (:func:`plan_step` with ``frozen``)."""
+CompactRankPlan = RankPlan | tuple[tuple[int, ...], ...]
+"""A rank's micro-batches of one step as :func:`plan_step` gives them with ``compact``."""
 
 
-def _frozen(ranks: list[RankPlan], samples: Sequence[int], *, first: int | None) -> list[FrozenRankPlan]:
-    """``ranks`` (step positions) as global sample ids, every rank and micro-batch a tuple; ``first``: the step's
-    first sample when its samples are a range, else ``None``."""
+def _compact(ranks: list[RankPlan], samples: Sequence[int], *, first: int | None) -> list[CompactRankPlan]:
+    """``ranks`` (step positions) as global sample ids, every rank and micro-batch a tuple (``ranks`` themselves
+    where the ids are the positions: no copy); ``first``: the step's first sample when its samples are a range,
+    else ``None``."""
     if first == 0:
-        return [tuple(map(tuple, rank)) for rank in ranks]
+        return ranks
     if first is not None:
         return [tuple([tuple([first + i for i in mb]) if mb else () for mb in rank]) for rank in ranks]
     return [tuple([tuple(map(samples.__getitem__, mb)) for mb in rank]) for rank in ranks]

@@ -90,7 +90,7 @@ import numpy as np
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
 from megatron_dpsched.core.cost import DEFAULT_COST_MODEL, CostFunction, require_cost_model, sample_costs
 from megatron_dpsched.core.padding import array_tuple
-from megatron_dpsched.core.planning import FrozenRankPlan, plan_step
+from megatron_dpsched.core.planning import plan_step
 from megatron_dpsched.core.steps import split_steps
 from megatron_dpsched.core.steptime import StepTimeModel
 from megatron_dpsched.core.validation import ArgumentError, require_lengths
@@ -303,19 +303,10 @@ def plan_schedule(
     steps = [range(step[0], step[-1] + 1) if step[-1] - step[0] + 1 == len(step) else step for step in steps]
     require_cost_model(cost_model)
     costs = sample_costs(lengths, _cost_function(config, cost_model))
-    plans = _plan_steps(steps, lengths=lengths, costs=costs, config=config)
-    return assemble_schedule(plans, lengths=lengths, costs=tuple(costs), groups=groups, config=config,
-                             dropped=dropped)
-
-
-def _plan_steps(
-    steps: list[Sequence[int]], *, lengths: Sequence[int], costs: Sequence[float], config: ScheduleConfig
-) -> list[list[FrozenRankPlan]]:
-    """Every step's frozen plan (:func:`~megatron_dpsched.core.planning.plan_step`), on one NumPy copy each of
-    ``lengths`` and ``costs`` (:func:`~megatron_dpsched.core.padding.array_tuple`), freed before the plans are
-    assembled."""
-    lengths, costs = array_tuple(lengths, np.int64), array_tuple(costs, np.float64)
-    return [plan_step(step, lengths=lengths, costs=costs, config=config, frozen=True) for step in steps]
+    lengths, costs = array_tuple(lengths, np.int64), array_tuple(costs, np.float64)  # one copy each while planning
+    plans = [plan_step(step, lengths=lengths, costs=costs, config=config, compact=True) for step in steps]
+    lengths, costs = tuple(lengths), tuple(costs)  # the arrays freed before assembly
+    return assemble_schedule(plans, lengths=lengths, costs=costs, groups=groups, config=config, dropped=dropped)
 
 
 def _cost_function(config: ScheduleConfig, cost_model: CostFunction | None) -> CostFunction | None:

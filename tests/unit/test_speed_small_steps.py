@@ -70,7 +70,7 @@ def test_costs_it_cannot_decide_take_the_general_path(costs: list[float]) -> Non
 
 
 @pytest.mark.parametrize("seed", range(40))
-def test_frozen_step_plan_is_the_plan_as_tuples(seed: int) -> None:
+def test_compact_step_plan_is_the_plan_as_tuples_where_ids_are_copied(seed: int) -> None:
     rng = random.Random(seed)
     lengths = [rng.randint(1, 120) for _ in range(rng.randint(8, 60))]
     costs = array_tuple([float(n) for n in lengths], np.float64)
@@ -81,9 +81,12 @@ def test_frozen_step_plan_is_the_plan_as_tuples(seed: int) -> None:
     for samples in (range(count), range(start, start + count), sorted(rng.sample(range(len(lengths)), count))):
         kwargs = {"lengths": lengths, "costs": costs, "config": config}
         plan = planning.plan_step(samples, **kwargs)
-        frozen = planning.plan_step(samples, **kwargs, frozen=True)
-        assert frozen == [tuple(map(tuple, rank)) for rank in plan]
-        assert all(type(mb) is tuple for rank in frozen for mb in rank)
+        compact = planning.plan_step(samples, **kwargs, compact=True)
+        if list(samples) == list(range(count)):  # the positions are the ids: the plan itself
+            assert compact == plan
+            continue
+        assert compact == [tuple(map(tuple, rank)) for rank in plan]
+        assert all(type(rank) is tuple and all(type(mb) is tuple for mb in rank) for rank in compact)
 
 
 def test_array_slice_keeps_the_items_and_slices_the_array() -> None:
