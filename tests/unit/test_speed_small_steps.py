@@ -1,9 +1,12 @@
-"""The shortcut of steps with no more samples than ranks (issue 28, point 3): LPT and packing are then
+"""The shortcuts of steps with no more samples than ranks (issue 28, point 3): LPT and packing are then
 determined, and the shortcut's plan is the general deal's (LPT on every sample, then each rank packed) on many
-random small cases; costs it cannot decide (zero) go the general way."""
+random small cases, the whole step's plan that of the general search, and the lower bound the bin bound; costs
+it cannot decide (zero, NaN, inf) go the general way. Also the compact step plans a whole run keeps and the
+sliced step arrays."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import numpy as np
@@ -12,8 +15,9 @@ import pytest
 from megatron_dpsched.core import planning
 from megatron_dpsched.core.balancing import lpt_ranks
 from megatron_dpsched.core.config import ScheduleConfig
-from megatron_dpsched.core.packing import pack_ranks
+from megatron_dpsched.core.packing import bin_lower_bound, pack_ranks
 from megatron_dpsched.core.padding import ArrayTuple, array_slice, array_tuple, step_sizes
+from megatron_dpsched.core.steptime import StepTimeModel
 
 
 def general_deal(sizes: list[int], costs: list[float], *, config: ScheduleConfig, num_microbatches: int) -> list:
@@ -95,3 +99,35 @@ def test_array_slice_keeps_the_items_and_slices_the_array() -> None:
     assert isinstance(part, ArrayTuple) and part == (2.0, 3.25)
     assert part.values.tolist() == [2.0, 3.25] and not part.values.flags.writeable
     assert array_slice([1, 2, 3], 1, 3) == [2, 3]
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_small_step_plans_are_those_of_the_general_search(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(seed)
+    dp = rng.choice((2, 5, 16, 40))
+    lengths = [rng.choice((rng.randint(1, 300), rng.randint(301, 700))) for _ in range(3 * dp)]
+    costs = array_tuple([float(n) ** 1.2 for n in lengths], np.float64)
+    model = StepTimeModel(seconds_per_token=1e-6, seconds_per_token_pair=1e-9, seconds_per_microbatch=1e-3)
+    config = ScheduleConfig(dp_size=dp, global_batch_size=dp, max_tokens_per_gpu=512, pp_size=rng.choice((1, 2, 4)),
+                            padded_rows=rng.random() < 0.3, step_time_model=model if rng.random() < 0.5 else None)
+    count = rng.randint(1, dp)
+    samples = range(start := rng.randint(0, len(lengths) - count), start + count)
+    step_sizes_of = [lengths[i] for i in samples]
+    bound = config.layout.align(math.ceil(bin_lower_bound(step_sizes_of, 512, padded_rows=config.padded_rows) / dp))
+    assert planning.lower_bound_microbatches(step_sizes_of, config=config) == bound
+    fast = planning.plan_step(samples, lengths=lengths, costs=costs, config=config)
+    monkeypatch.setattr(planning, "_one_per_rank", lambda *args, **kwargs: None)
+    monkeypatch.setattr(planning, "lower_bound_microbatches", lambda sizes, *, config: bound)
+    assert fast == planning.plan_step(samples, lengths=lengths, costs=costs, config=config)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_lower_bound_of_small_and_larger_steps_is_the_bin_bound(seed: int) -> None:
+    rng = random.Random(seed)
+    dp, cap = rng.choice((1, 3, 8)), rng.choice((10, 512))
+    config = ScheduleConfig(dp_size=dp, global_batch_size=dp, max_tokens_per_gpu=cap, pp_size=rng.choice((1, 3)),
+                            padded_rows=rng.random() < 0.3)
+    for count in range(1, 3 * dp + 2):
+        sizes = [rng.randint(1, 2 * cap) for _ in range(count)]
+        needed = math.ceil(bin_lower_bound(sizes, cap, padded_rows=config.padded_rows) / dp)
+        assert planning.lower_bound_microbatches(sizes, config=config) == config.layout.align(needed)
