@@ -66,6 +66,14 @@ def array_tuple(values: Sequence[float], dtype: type) -> ArrayTuple:
     return ArrayTuple(values, np.fromiter(values, dtype=dtype, count=len(values)))
 
 
+def array_slice(values: Sequence[float], start: int, stop: int) -> Sequence[float]:
+    """``values[start:stop]``; of an :class:`ArrayTuple` an :class:`ArrayTuple` with its array's slice (no
+    conversion)."""
+    if isinstance(values, ArrayTuple):
+        return ArrayTuple(values[start:stop], values.values[start:stop])
+    return values[start:stop]
+
+
 def step_sizes(lengths: Sequence[int], *, pad_multiple: int) -> ArrayTuple:
     """:func:`planned_sizes` of a step as an :class:`ArrayTuple` (int64 values); one conversion of ``lengths``
     (none when they are an :class:`ArrayTuple` and ``pad_multiple`` is 1)."""

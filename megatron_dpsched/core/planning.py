@@ -49,8 +49,11 @@ def plan_step(
     lengths: Sequence[int],
     costs: Sequence[float],
     config: ScheduleConfig,
-) -> list[RankPlan]:
-    """One step: per rank, its micro-batches (global sample ids) in run order.
+    compact: bool = False,
+) -> list[RankPlan] | list[CompactRankPlan]:
+    """One step: per rank, its micro-batches (global sample ids) in run order (``compact``: where the plan's
+    positions in the step must be copied to sample ids, each rank and micro-batch a tuple, an empty one the
+    shared ``()``; what a whole run keeps until it is assembled, in a fraction of the memory).
 
     ``lengths`` and ``costs`` are indexed by global sample id. The step is planned on planned sizes
     (lengths rounded up to ``pad_multiple``) wherever it counts tokens: the lower bound, rank
@@ -66,7 +69,8 @@ def plan_step(
     if contiguous and first == 0 and len(samples) == len(lengths):
         local_lengths, local_costs = lengths, costs  # the whole run: no copy
     elif contiguous:
-        local_lengths, local_costs = lengths[first : first + len(samples)], costs[first : first + len(samples)]
+        stop = first + len(samples)
+        local_lengths, local_costs = padding.array_slice(lengths, first, stop), padding.array_slice(costs, first, stop)
     else:
         local_lengths, local_costs = [lengths[i] for i in samples], [costs[i] for i in samples]
     local_sizes = padding.step_sizes(local_lengths, pad_multiple=config.pad_multiple)
@@ -80,11 +84,28 @@ def plan_step(
     else:  # rank by rank in place: each rank's unordered micro-batches are freed as the next are ordered
         for r in range(len(ranks)):
             ranks[r] = order_micro_batches(ranks[r], local_costs, config.microbatch_order)
+    if compact:
+        return _compact(ranks, samples, first=first if contiguous else None)
     if contiguous and first == 0:
         return ranks
     if contiguous:
         return [[[first + i for i in mb] for mb in rank] for rank in ranks]
     return [[[samples[i] for i in mb] for mb in rank] for rank in ranks]
+
+
+CompactRankPlan = RankPlan | tuple[tuple[int, ...], ...]
+"""A rank's micro-batches of one step as :func:`plan_step` gives them with ``compact``."""
+
+
+def _compact(ranks: list[RankPlan], samples: Sequence[int], *, first: int | None) -> list[CompactRankPlan]:
+    """``ranks`` (step positions) as global sample ids, every rank and micro-batch a tuple (``ranks`` themselves
+    where the ids are the positions: no copy); ``first``: the step's first sample when its samples are a range,
+    else ``None``."""
+    if first == 0:
+        return ranks
+    if first is not None:
+        return [tuple([tuple([first + i for i in mb]) if mb else () for mb in rank]) for rank in ranks]
+    return [tuple([tuple(map(samples.__getitem__, mb)) for mb in rank]) for rank in ranks]
 
 
 def lower_bound_microbatches(sizes: Sequence[int], *, config: ScheduleConfig) -> int:
@@ -95,7 +116,9 @@ def lower_bound_microbatches(sizes: Sequence[int], *, config: ScheduleConfig) ->
     step, the fewest possible); with ``micro_batch_size``, ``align(ceil(samples / (micro_batch_size * dp_size)))``.
     """
     dp = config.dp_size
-    if config.micro_batch_size is not None:
+    if 0 < len(sizes) <= dp:  # at most one micro-batch per sample: the bound is 1 to ``dp`` micro-batches
+        needed = 1
+    elif config.micro_batch_size is not None:
         needed = math.ceil(len(sizes) / (config.micro_batch_size * dp))
     else:
         needed = math.ceil(bin_lower_bound(sizes, config.token_cap, padded_rows=config.padded_rows) / dp)
@@ -156,8 +179,12 @@ def _plan_dynamic(sizes: list[int], costs: list[float], *, config: ScheduleConfi
     """
     if config.balance == "none":
         return _plan_by_bins(_global_packing(sizes, config), sizes, costs, config=config)[0]
-    balanced = _balanced_peak(costs, config)
     num_microbatches = lower = lower_bound_microbatches(sizes, config=config)
+    if len(sizes) <= config.dp_size:  # balanced: the busiest rank costs the dearest sample
+        plan = _one_per_rank(sizes, costs, config=config, num_microbatches=num_microbatches)
+        if plan is not None:
+            return plan
+    balanced = _balanced_peak(costs, config)
     plan = _assign_and_pack(sizes, costs, config=config, num_microbatches=num_microbatches)
     global_bins: list[list[int]] | None = None
     upper = num_microbatches
@@ -369,6 +396,10 @@ def _assign_and_pack(
     (:func:`_repair_overflow`).
     """
     cap, rows = config.token_cap, config.padded_rows
+    if len(sizes) <= config.dp_size and num_microbatches >= 1:
+        plan = _one_per_rank(sizes, costs, config=config, num_microbatches=num_microbatches)
+        if plan is not None:
+            return plan
     ranks = lpt_ranks(range(len(sizes)), costs=costs, weights=np.minimum(np.asarray(sizes, dtype=np.int64), cap),
                       capacity=num_microbatches * cap, num_ranks=config.dp_size)
     if ranks is None:
@@ -379,6 +410,24 @@ def _assign_and_pack(
         return packed
     return _repair_overflow(ranks, packed, sizes, costs, config=config, num_microbatches=num_microbatches,
                             refits=refits)
+
+
+def _one_per_rank(
+    sizes: Sequence[int], costs: Sequence[float], *, config: ScheduleConfig, num_microbatches: int
+) -> list[RankPlan] | None:
+    """Steps 3-4 when there are no more samples than ranks and every cost is positive and finite (else ``None``):
+    LPT then deals the samples dearest first (cost, then capped size descending, then id) to ranks 0, 1, ...
+    (each rank dealt to is then heavier than the empty ones), one each, and packing puts a rank's one sample in
+    its first micro-batch; every other micro-batch, and every rank past the samples, is empty."""
+    cost_array = np.asarray(costs, dtype=np.float64)
+    if not len(cost_array) or not (cost_array.min() > 0 and cost_array.max() < math.inf):
+        return None
+    capped = np.minimum(np.asarray(sizes, dtype=np.int64), config.token_cap)
+    order = np.lexsort((np.arange(len(capped)), -capped, -cost_array)).tolist()
+    rest = range(num_microbatches - 1)
+    plan = [[[i], *[[] for _ in rest]] for i in order]
+    plan.extend([[] for _ in range(num_microbatches)] for _ in range(config.dp_size - len(order)))
+    return plan
 
 
 def _repair_overflow(

@@ -304,9 +304,9 @@ def plan_schedule(
     require_cost_model(cost_model)
     costs = sample_costs(lengths, _cost_function(config, cost_model))
     lengths, costs = array_tuple(lengths, np.int64), array_tuple(costs, np.float64)  # one copy each while planning
-    plans = [plan_step(step, lengths=lengths, costs=costs, config=config) for step in steps]
-    return assemble_schedule(plans, lengths=lengths, costs=tuple(costs), groups=groups, config=config,
-                             dropped=dropped)
+    plans = [plan_step(step, lengths=lengths, costs=costs, config=config, compact=True) for step in steps]
+    lengths, costs = tuple(lengths), tuple(costs)  # the arrays freed before assembly
+    return assemble_schedule(plans, lengths=lengths, costs=costs, groups=groups, config=config, dropped=dropped)
 
 
 def _cost_function(config: ScheduleConfig, cost_model: CostFunction | None) -> CostFunction | None:
