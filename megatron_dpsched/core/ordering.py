@@ -13,6 +13,7 @@ descending and cost ascending.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 from itertools import chain
 from operator import itemgetter
@@ -47,9 +48,8 @@ def order_micro_batches(
 ) -> list[list[int]]:
     """Return the micro-batches in run order (``"none"`` or one of :data:`PIPELINE_ORDERS`); each
     micro-batch's samples in index order."""
-    if order == "none":  # by first sample (distinct), empty ones last
-        batches = list(map(sorted, micro_batches))
-        return sorted(filter(None, batches), key=itemgetter(0)) + [mb for mb in batches if not mb]
+    if order == "none":
+        return _by_first_sample(list(map(sorted, micro_batches)))
     batches, arranged = arrangements(micro_batches, costs, (order,))
     return [batches[b] for b in arranged[0]]
 
@@ -98,33 +98,42 @@ for bit: :func:`~megatron_dpsched.core.balancing.run_sums`."""
 
 
 def order_ranks(
-    ranks: Sequence[Sequence[Sequence[int]]], costs: Sequence[float], order: str, *, run_sums: RunSums | None = None
+    ranks: Sequence[Sequence[list[int]]], costs: Sequence[float], order: str, *, run_sums: RunSums | None = None
 ) -> list[list[list[int]]]:
-    """:func:`order_micro_batches` of every rank at once, in NumPy (sample ids non-negative): the micro-batches'
-    samples sorted in one pass, the ranks' run orders in one ``lexsort``. The pipeline orders sum their costs
-    with ``run_sums``; without it, or with costs that are not all Python floats, rank by rank."""
-    if order != "none" and (run_sums is None or not padding.all_floats(costs)):
+    """:func:`order_micro_batches` of every rank, each micro-batch (a list) sorted in place and kept (no list or
+    number made again): ``"none"`` rank by rank on the first samples; the pipeline orders for all ranks in
+    one NumPy pass (costs summed by ``run_sums``; without it, or with costs not all Python floats, rank by
+    rank)."""
+    if order == "none":  # each rank's lists sorted and ordered while they are in cache
+        return [_by_first_sample(_sorted_in_place(rank)) for rank in ranks]
+    deque(map(_sorted_in_place, ranks), maxlen=0)
+    if run_sums is None or not padding.all_floats(costs):
         return [order_micro_batches(rank, costs, order) for rank in ranks]
     per_rank = np.fromiter(map(len, ranks), dtype=np.int64, count=len(ranks))
     batches = list(chain.from_iterable(ranks))
     counts = np.fromiter(map(len, batches), dtype=np.int64, count=len(batches))
-    flat = _sorted_runs(np.fromiter(chain.from_iterable(batches), dtype=np.int64, count=int(counts.sum())), counts)
+    flat = np.fromiter(chain.from_iterable(batches), dtype=np.int64, count=int(counts.sum()))
+    firsts = np.full(len(counts), -1)  # an empty micro-batch's key ``[]`` comes before any ``[i]``
     filled = counts > 0
-    firsts = np.full(len(counts), -1 if order != "none" else np.iinfo(np.int64).max)  # empty: [] < [i]; "none": last
     firsts[filled] = flat[(np.cumsum(counts) - counts)[filled]]
-    rank_of = np.repeat(np.arange(len(ranks)), per_rank)
-    if order == "none":  # by first sample (distinct), empty ones last in their order
-        run = np.lexsort((firsts, rank_of))
-    else:
-        run = _arrange_ranks(np.lexsort((firsts, run_sums(costs, flat, counts), rank_of)), per_rank, order)
-    return _gather(flat, counts, run, per_rank)
+    ascending = np.lexsort((firsts, run_sums(costs, flat, counts), np.repeat(np.arange(len(ranks)), per_rank)))
+    run = list(map(batches.__getitem__, _arrange_ranks(ascending, per_rank, order).tolist()))
+    ends = np.cumsum(per_rank).tolist()
+    return [run[a:b] for a, b in zip([0, *ends[:-1]], ends)]
 
 
-def _sorted_runs(flat: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Each run of ``flat`` (non-negative ids; ``counts``: the runs' lengths) in ascending order."""
-    span = int(flat.max(initial=0)) + 1
-    keys = np.repeat(np.arange(len(counts), dtype=np.int64) * span, counts)
-    return np.sort(keys + flat) - keys
+def _sorted_in_place(rank: Sequence[list[int]]) -> Sequence[list[int]]:
+    """``rank``, each of its micro-batches sorted in place."""
+    deque(map(list.sort, rank), maxlen=0)
+    return rank
+
+
+def _by_first_sample(rank: Sequence[list[int]]) -> list[list[int]]:
+    """Sorted micro-batches by first sample (distinct), empty ones last in their order: ``"none"``'s run order."""
+    ordered = sorted(filter(None, rank), key=itemgetter(0))
+    if len(ordered) < len(rank):
+        ordered += [mb for mb in rank if not mb]
+    return ordered
 
 
 def _arrange_ranks(ascending: np.ndarray, per_rank: np.ndarray, order: str) -> np.ndarray:
@@ -135,14 +144,3 @@ def _arrange_ranks(ascending: np.ndarray, per_rank: np.ndarray, order: str) -> n
         slots = offsets[per_rank == count][:, None] + np.arange(count)
         arranged[slots] = arrange_rows(ascending[slots], order)
     return arranged
-
-
-def _gather(flat: np.ndarray, counts: np.ndarray, run: np.ndarray, per_rank: np.ndarray) -> list[list[list[int]]]:
-    """The micro-batches of ``flat`` (``counts``: their lengths) in the order ``run``, as lists per rank."""
-    run_counts = counts[run]
-    ends = np.cumsum(run_counts)
-    shift = np.repeat((np.cumsum(counts) - counts)[run] - (ends - run_counts), run_counts)
-    items, bounds = flat[shift + np.arange(len(flat))].tolist(), ends.tolist()
-    batches = [items[a:b] for a, b in zip([0, *bounds[:-1]], bounds)]
-    rank_ends = np.cumsum(per_rank).tolist()
-    return [batches[a:b] for a, b in zip([0, *rank_ends[:-1]], rank_ends)]

@@ -1,10 +1,13 @@
-"""``order_ranks`` (every rank's micro-batch order in one NumPy pass) gives what ``order_micro_batches`` gives rank
-by rank, for every order: ties in cost, empty micro-batches, single samples, samples given out of order, and
-float costs whose sums differ only in their last bits (or only in how Python's ``sum`` rounds them)."""
+"""``order_ranks`` (every rank's micro-batches sorted in place, the pipeline orders in one NumPy pass) gives what
+``order_micro_batches`` gives rank by rank, for every order: ties in cost, empty micro-batches, single samples,
+samples given out of order, and float costs whose sums differ only in their last bits (or only in how Python's
+``sum`` rounds them)."""
 
 from __future__ import annotations
 
+import copy
 import math
+from itertools import chain
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -43,19 +46,23 @@ def test_order_ranks_matches_rank_by_rank(plan: tuple[list[list[list[int]]], lis
     values = array_tuple(costs, float)
     for order in ORDERS:
         expected = [order_micro_batches(rank, values, order) for rank in ranks]
-        assert order_ranks(ranks, values, order, run_sums=run_sums) == expected, order
-        assert order_ranks(ranks, costs, order, run_sums=run_sums) == expected, order
+        assert order_ranks(copy.deepcopy(ranks), values, order, run_sums=run_sums) == expected, order
+        assert order_ranks(copy.deepcopy(ranks), costs, order, run_sums=run_sums) == expected, order
+    for order in ("none", "pipeline"):  # the given lists, sorted in place, not copies
+        given_lists = copy.deepcopy(ranks)
+        ordered = order_ranks(given_lists, values, order, run_sums=run_sums)
+        assert sorted(map(id, chain.from_iterable(ordered))) == sorted(map(id, chain.from_iterable(given_lists)))
 
 
 def test_near_ties_keep_their_order() -> None:
     # [0.1, 0.2] sums to 0.30000000000000004, above [0.3]: the ordering sees the last bit; equal sums go by first sample
     ranks = [[[5, 1], [0], [3, 4], [2], []], [[], [7], [6]]]
     costs = [0.3, 0.1, 0.3, 0.2, 0.1, 0.2, 1.0, 1.0]
-    assert order_ranks(ranks, costs, "ascending", run_sums=run_sums) == [
+    assert order_ranks(copy.deepcopy(ranks), costs, "ascending", run_sums=run_sums) == [
         [[], [0], [2], [1, 5], [3, 4]], [[], [6], [7]]]
-    assert order_ranks(ranks, costs, "none") == [[[0], [1, 5], [2], [3, 4], []], [[6], [7], []]]
+    assert order_ranks(copy.deepcopy(ranks), costs, "none") == [[[0], [1, 5], [2], [3, 4], []], [[6], [7], []]]
     for order in ORDERS:
-        assert order_ranks(ranks, costs, order, run_sums=run_sums) == [
+        assert order_ranks(copy.deepcopy(ranks), costs, order, run_sums=run_sums) == [
             order_micro_batches(rank, costs, order) for rank in ranks]
     # Python's sum of [0.1, 0.2, 0.3] is 0.6 (added left to right it would be 0.6000000000000001): a tie with [3]
     ranks, costs = [[[3], [2, 0, 1]]], [0.1, 0.2, 0.3, sum([0.1, 0.2, 0.3])]
@@ -69,6 +76,6 @@ def test_integer_costs_and_no_summer_go_rank_by_rank() -> None:
     costs = [2**60 + 1, 2**60, 2**59, 2**59, 1, 2, 3]
     for order in ORDERS:
         expected = [order_micro_batches(rank, costs, order) for rank in ranks]
-        assert order_ranks(ranks, costs, order, run_sums=run_sums) == expected
-        assert order_ranks(ranks, costs, order) == expected
+        assert order_ranks(copy.deepcopy(ranks), costs, order, run_sums=run_sums) == expected
+        assert order_ranks(copy.deepcopy(ranks), costs, order) == expected
     assert order_ranks(ranks, costs, "ascending", run_sums=run_sums)[0] == [[1], [2, 3], [0]]
