@@ -98,14 +98,16 @@ for bit: :func:`~megatron_dpsched.core.balancing.run_sums`."""
 
 
 def order_ranks(
-    ranks: Sequence[Sequence[list[int]]], costs: Sequence[float], order: str, *, run_sums: RunSums | None = None
+    ranks: list[list[list[int]]], costs: Sequence[float], order: str, *, run_sums: RunSums | None = None
 ) -> list[list[list[int]]]:
     """:func:`order_micro_batches` of every rank, each micro-batch (a list) sorted in place and kept (no list or
-    number made again): ``"none"`` rank by rank on the first samples; the pipeline orders for all ranks in
-    one NumPy pass (costs summed by ``run_sums``; without it, or with costs not all Python floats, rank by
-    rank)."""
-    if order == "none":  # each rank's lists sorted and ordered while they are in cache
-        return [_by_first_sample(_sorted_in_place(rank)) for rank in ranks]
+    number made again). ``"none"``: rank by rank on the first samples, ``ranks`` itself updated and returned.
+    The pipeline orders: all ranks in one NumPy pass, costs summed by ``run_sums`` (without it, or with costs
+    not all Python floats, rank by rank)."""
+    if order == "none":  # each rank's lists sorted and ordered while they are in cache, its old list let go
+        for r, rank in enumerate(ranks):
+            ranks[r] = _by_first_sample(_sorted_in_place(rank))
+        return ranks
     deque(map(_sorted_in_place, ranks), maxlen=0)
     if run_sums is None or not padding.all_floats(costs):
         return [order_micro_batches(rank, costs, order) for rank in ranks]
