@@ -103,18 +103,16 @@ def order_ranks(
     """:func:`order_micro_batches` of every rank, each micro-batch (a list) sorted in place and kept (no list or
     number made again). ``"none"``: rank by rank on the first samples, ``ranks`` itself updated and returned.
     The pipeline orders: all ranks in one NumPy pass, costs summed by ``run_sums`` (without it, or with costs
-    not all Python floats, rank by rank)."""
+    not all Python floats, :func:`order_micro_batches` rank by rank, on new lists)."""
     if order == "none":  # each rank's lists sorted and ordered while they are in cache, its old list let go
         for r, rank in enumerate(ranks):
             ranks[r] = _by_first_sample(_sorted_in_place(rank))
         return ranks
-    deque(map(_sorted_in_place, ranks), maxlen=0)
     if run_sums is None or not padding.all_floats(costs):
         return [order_micro_batches(rank, costs, order) for rank in ranks]
+    counts, flat = _laid_out(ranks)
     per_rank = np.fromiter(map(len, ranks), dtype=np.int64, count=len(ranks))
     batches = list(chain.from_iterable(ranks))
-    counts = np.fromiter(map(len, batches), dtype=np.int64, count=len(batches))
-    flat = np.fromiter(chain.from_iterable(batches), dtype=np.int64, count=int(counts.sum()))
     firsts = np.full(len(counts), -1)  # an empty micro-batch's key ``[]`` comes before any ``[i]``
     filled = counts > 0
     firsts[filled] = flat[(np.cumsum(counts) - counts)[filled]]
@@ -122,6 +120,16 @@ def order_ranks(
     run = list(map(batches.__getitem__, _arrange_ranks(ascending, per_rank, order).tolist()))
     ends = np.cumsum(per_rank).tolist()
     return [run[a:b] for a, b in zip([0, *ends[:-1]], ends)]
+
+
+def _laid_out(ranks: Sequence[Sequence[list[int]]]) -> tuple[np.ndarray, np.ndarray]:
+    """Every micro-batch sorted in place, rank by rank, and read while in cache: their sample counts and their
+    samples, all laid end to end."""
+    counts, flat = [], []
+    for rank in ranks:
+        counts.append(np.fromiter(map(len, _sorted_in_place(rank)), dtype=np.int64, count=len(rank)))
+        flat.append(np.fromiter(chain.from_iterable(rank), dtype=np.int64, count=int(counts[-1].sum())))
+    return np.concatenate(counts or [np.zeros(0, np.int64)]), np.concatenate(flat or [np.zeros(0, np.int64)])
 
 
 def _sorted_in_place(rank: Sequence[list[int]]) -> Sequence[list[int]]:
