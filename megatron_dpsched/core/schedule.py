@@ -375,7 +375,8 @@ def assemble_schedule(
         sizes = np.fromiter(map(len, chain.from_iterable(rank_steps)), dtype=np.int64, count=int(step_counts.sum()))
         ends = np.cumsum(sizes)
         step_num_samples += _per_step(ends, step_counts)
-        partitions.append(tuple(chain.from_iterable(chain.from_iterable(rank_steps))))
+        filled = filter(None, chain.from_iterable(rank_steps))  # no iterator made for an empty micro-batch
+        partitions.append(tuple(chain.from_iterable(filled)))
         micro_batch_indices.append(tuple(map(spans.__getitem__, ((ends - sizes) * spans.width + ends).tolist())))
     step_num_samples = tuple(step_num_samples.tolist())
     return DPSchedule(
