@@ -13,11 +13,14 @@ descending and cost ascending.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
+from itertools import chain
 from operator import itemgetter
 
 import numpy as np
 
+from megatron_dpsched.core import padding
 from megatron_dpsched.core.validation import ArgumentError
 
 MICROBATCH_ORDERS = ("pipeline", "none")
@@ -45,9 +48,8 @@ def order_micro_batches(
 ) -> list[list[int]]:
     """Return the micro-batches in run order (``"none"`` or one of :data:`PIPELINE_ORDERS`); each
     micro-batch's samples in index order."""
-    if order == "none":  # by first sample (distinct), empty ones last
-        batches = list(map(sorted, micro_batches))
-        return sorted(filter(None, batches), key=itemgetter(0)) + [mb for mb in batches if not mb]
+    if order == "none":
+        return _by_first_sample(list(map(sorted, micro_batches)))
     batches, arranged = arrangements(micro_batches, costs, (order,))
     return [batches[b] for b in arranged[0]]
 
@@ -88,3 +90,67 @@ def arrange_rows(ascending: np.ndarray, order: str) -> np.ndarray:
         return np.concatenate((descending[:, 0::2][:, ::-1], descending[:, 1::2]), axis=1)
     assert order == "descending", f"unknown micro-batch order {order!r}"
     return descending
+
+
+RunSums = Callable[[Sequence[float], np.ndarray, np.ndarray], np.ndarray]
+"""Python's ``sum`` of each run of ``values`` laid end to end in ``flat`` (``counts``: the runs' lengths), bit
+for bit: :func:`~megatron_dpsched.core.balancing.run_sums`."""
+
+
+def order_ranks(
+    ranks: list[list[list[int]]], costs: Sequence[float], order: str, *, run_sums: RunSums | None = None
+) -> list[list[list[int]]]:
+    """:func:`order_micro_batches` of every rank, each micro-batch (a list) sorted in place and kept (no list or
+    number made again). ``"none"``: rank by rank on the first samples, ``ranks`` itself updated and returned.
+    The pipeline orders: all ranks in one NumPy pass, costs summed by ``run_sums`` (without it, or with costs
+    not all Python floats, :func:`order_micro_batches` rank by rank, on new lists)."""
+    if order == "none":  # each rank's lists sorted and ordered while they are in cache, its old list let go
+        for r, rank in enumerate(ranks):
+            ranks[r] = _by_first_sample(_sorted_in_place(rank))
+        return ranks
+    if run_sums is None or not padding.all_floats(costs):
+        return [order_micro_batches(rank, costs, order) for rank in ranks]
+    counts, flat = _laid_out(ranks)
+    per_rank = np.fromiter(map(len, ranks), dtype=np.int64, count=len(ranks))
+    batches = list(chain.from_iterable(ranks))
+    firsts = np.full(len(counts), -1)  # an empty micro-batch's key ``[]`` comes before any ``[i]``
+    filled = counts > 0
+    firsts[filled] = flat[(np.cumsum(counts) - counts)[filled]]
+    ascending = np.lexsort((firsts, run_sums(costs, flat, counts), np.repeat(np.arange(len(ranks)), per_rank)))
+    run = list(map(batches.__getitem__, _arrange_ranks(ascending, per_rank, order).tolist()))
+    ends = np.cumsum(per_rank).tolist()
+    return [run[a:b] for a, b in zip([0, *ends[:-1]], ends)]
+
+
+def _laid_out(ranks: Sequence[Sequence[list[int]]]) -> tuple[np.ndarray, np.ndarray]:
+    """Every micro-batch sorted in place, rank by rank, and read while in cache: their sample counts and their
+    samples, all laid end to end."""
+    counts, flat = [], []
+    for rank in ranks:
+        counts.append(np.fromiter(map(len, _sorted_in_place(rank)), dtype=np.int64, count=len(rank)))
+        flat.append(np.fromiter(chain.from_iterable(rank), dtype=np.int64, count=int(counts[-1].sum())))
+    return np.concatenate(counts or [np.zeros(0, np.int64)]), np.concatenate(flat or [np.zeros(0, np.int64)])
+
+
+def _sorted_in_place(rank: Sequence[list[int]]) -> Sequence[list[int]]:
+    """``rank``, each of its micro-batches sorted in place."""
+    deque(map(list.sort, rank), maxlen=0)
+    return rank
+
+
+def _by_first_sample(rank: Sequence[list[int]]) -> list[list[int]]:
+    """Sorted micro-batches by first sample (distinct), empty ones last in their order: ``"none"``'s run order."""
+    ordered = sorted(filter(None, rank), key=itemgetter(0))
+    if len(ordered) < len(rank):
+        ordered += [mb for mb in rank if not mb]
+    return ordered
+
+
+def _arrange_ranks(ascending: np.ndarray, per_rank: np.ndarray, order: str) -> np.ndarray:
+    """``ascending`` (every rank's micro-batches by ascending cost, rank after rank) in ``order``'s run order:
+    :func:`arrange_rows` for the ranks of each micro-batch count."""
+    arranged, offsets = np.empty_like(ascending), np.cumsum(per_rank) - per_rank
+    for count in np.unique(per_rank).tolist():
+        slots = offsets[per_rank == count][:, None] + np.arange(count)
+        arranged[slots] = arrange_rows(ascending[slots], order)
+    return arranged

@@ -27,7 +27,7 @@ from megatron_dpsched.core.balancing import (
 )
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
 from megatron_dpsched.core.objective import MAX_STALE_COUNTS, count_bound, plan_for_step_time, tail_heavy
-from megatron_dpsched.core.ordering import order_micro_batches
+from megatron_dpsched.core.ordering import order_ranks
 from megatron_dpsched.core.packing import (
     BinArrays,
     Refits,
@@ -81,9 +81,8 @@ def plan_step(
         ranks = _plan_dynamic(local_sizes, local_costs, config=config)
     if config.step_time_model is not None:  # step 7 returns its plan in run order
         ranks = _plan_step_time(ranks, local_sizes, local_costs, config=config)
-    else:  # rank by rank in place: each rank's unordered micro-batches are freed as the next are ordered
-        for r in range(len(ranks)):
-            ranks[r] = order_micro_batches(ranks[r], local_costs, config.microbatch_order)
+    else:  # every rank at once
+        ranks = order_ranks(ranks, local_costs, config.microbatch_order, run_sums=run_sums)
     if compact:
         return _compact(ranks, samples, first=first if contiguous else None)
     if contiguous and first == 0:

@@ -368,14 +368,17 @@ def assemble_schedule(
     are one tuple, shared by the ranks: :class:`_Spans`)."""
     assert all(len(step_plan) == config.dp_size for step_plan in plans)
     partitions, micro_batch_indices = [], []
-    step_num_samples = tuple(sum(map(len, chain.from_iterable(step))) for step in plans)
-    spans = _Spans(sum(step_num_samples) + 1)  # more than any rank's samples
+    step_num_samples = np.zeros(len(plans), dtype=np.int64)
+    spans = _Spans(SPAN_WIDTH)
     for rank_steps in zip(*plans) if plans else [()] * config.dp_size:  # each rank's plan of every step
-        micro_batches = list(chain.from_iterable(rank_steps))
-        sizes = np.fromiter(map(len, micro_batches), dtype=np.int64, count=len(micro_batches))
+        step_counts = np.fromiter(map(len, rank_steps), dtype=np.int64, count=len(rank_steps))
+        sizes = np.fromiter(map(len, chain.from_iterable(rank_steps)), dtype=np.int64, count=int(step_counts.sum()))
         ends = np.cumsum(sizes)
-        partitions.append(tuple(chain.from_iterable(micro_batches)))
+        step_num_samples += _per_step(ends, step_counts)
+        filled = filter(None, chain.from_iterable(rank_steps))  # no iterator made for an empty micro-batch
+        partitions.append(tuple(chain.from_iterable(filled)))
         micro_batch_indices.append(tuple(map(spans.__getitem__, ((ends - sizes) * spans.width + ends).tolist())))
+    step_num_samples = tuple(step_num_samples.tolist())
     return DPSchedule(
         config=config,
         lengths=tuple(lengths),
@@ -387,6 +390,17 @@ def assemble_schedule(
         step_num_samples=step_num_samples,
         dropped=tuple(dropped),
     )
+
+
+SPAN_WIDTH = 1 << 32
+"""More than any rank's samples, and a micro-batch's start times it fits in an int64 (:class:`_Spans`)."""
+
+
+def _per_step(ends: np.ndarray, step_counts: np.ndarray) -> np.ndarray:
+    """A rank's samples in each step, from the running ends of its micro-batches (all steps end to end) and
+    its micro-batch count in each step."""
+    totals = np.concatenate(([0], ends))[np.cumsum(step_counts)]
+    return np.diff(totals, prepend=0)
 
 
 class _Spans(dict[int, tuple[int, ...]]):
