@@ -11,6 +11,7 @@ from itertools import chain
 
 import numpy as np
 import pytest
+from test_speed_fits import reference_best_fit_decreasing
 
 from megatron_dpsched.core import planning
 from megatron_dpsched.core.balancing import assign_bins, lpt_assign
@@ -175,25 +176,4 @@ def test_best_fit_of_all_ranks_skips_only_steps_where_no_item_fits(seed: int) ->
     rng.shuffle(ids)
     ranks = [ids[r::dp] for r in range(dp)]
     got = best_fit_ranks(ranks, sizes, cap)
-    assert [bins for bins, _ in got] == [reference_bfd(items, sizes, cap) for items in ranks]
-
-
-def reference_bfd(items: list[int], sizes: list[int], cap: int) -> list[list[int]]:
-    """Best-fit decreasing one item at a time: longest first (ties in the given order), into the open bin of
-    least room that fits (the first opened of equals), else a new one; a bin without room or holding a sample of
-    at least the cap is closed."""
-    bins: list[list[int]] = []
-    rooms: list[int] = []
-    for item in sorted(items, key=lambda i: -sizes[i]):
-        size = sizes[item]
-        fits = [b for b, room in enumerate(rooms) if size < cap and room >= size]
-        if fits:
-            b = min(fits, key=lambda b: (rooms[b], b))
-            bins[b].append(item)
-            rooms[b] -= size
-        else:
-            bins.append([item])
-            rooms.append(cap - size)
-        if rooms[-1 if not fits else b] <= 0 or size >= cap:
-            rooms[-1 if not fits else b] = -1
-    return bins
+    assert [bins for bins, _ in got] == [reference_best_fit_decreasing(items, sizes, cap) for items in ranks]
