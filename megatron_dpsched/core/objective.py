@@ -358,7 +358,7 @@ class StepTimer:
         if not micro_batch:
             tokens = pairs = 1
         elif self.config.padded_rows:
-            longest = max(sizes[i] for i in micro_batch)
+            longest = max(map(sizes.__getitem__, micro_batch))
             tokens, pairs = len(micro_batch) * longest, len(micro_batch) * longest * longest
         else:
             tokens = sum(map(sizes.__getitem__, micro_batch))

@@ -1,0 +1,70 @@
+"""The pure-Python paths of :func:`~megatron_dpsched.core.packing.split_owned` for few micro-batches against the
+NumPy path (forced on by setting :data:`~megatron_dpsched.core.packing.SMALL_BINS` to 0), and its row split against
+a reference written here (longest first, ties by id, the first cut with the smallest larger part)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from megatron_dpsched.core import packing
+
+
+def _sizes(rng: random.Random, count: int) -> list[int]:
+    """Planned sizes with many ties."""
+    pool = [rng.randint(1, 400) for _ in range(rng.randint(1, 6))]
+    return [rng.choice(pool) if rng.random() < 0.7 else rng.randint(1, 400) for _ in range(count)]
+
+
+def _bins(rng: random.Random, count: int) -> list[list[int]]:
+    items = list(range(count))
+    rng.shuffle(items)
+    cuts = sorted(rng.randint(0, count) for _ in range(rng.randint(0, 20)))
+    return [b for b in (items[a:b] for a, b in zip([0, *cuts], [*cuts, count], strict=True)) if b]
+
+
+def _reference_split_rows(items: list[int], sizes: list[int]) -> tuple[list[int], list[int]]:
+    ordered = sorted(items, key=lambda i: (-sizes[i], i))
+    parts = [max(j * sizes[ordered[0]], (len(ordered) - j) * sizes[ordered[j]]) for j in range(1, len(ordered))]
+    cut = 1 + parts.index(min(parts))
+    return ordered[:cut], ordered[cut:]
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_split_owned_small_path_matches_numpy_path(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(seed)
+    sizes = _sizes(rng, rng.randint(1, 150))
+    bins = _bins(rng, len(sizes))
+    num_bins = len(bins) + rng.choice((0, 1, 2, 5, 30))
+    padded_rows = rng.random() < 0.5
+    given = rng.choice((None, "list", "array"))
+    loads = None if given is None else [packing.collated_size(b, sizes, padded_rows=padded_rows) for b in bins]
+    if given == "array":
+        loads = np.asarray(loads, dtype=np.int64)
+    python = packing.split_owned([list(b) for b in bins], sizes, num_bins, padded_rows=padded_rows, loads=loads)
+    assert len(bins) <= packing.SMALL_BINS
+    monkeypatch.setattr(packing, "SMALL_BINS", 0)
+    vector = packing.split_owned([list(b) for b in bins], sizes, num_bins, padded_rows=padded_rows, loads=loads)
+    assert python == vector
+    assert sorted(i for b in python for i in b) == list(range(len(sizes)))
+    assert len(python) == num_bins
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_split_rows_matches_reference(seed: int) -> None:
+    rng = random.Random(seed)
+    sizes = _sizes(rng, rng.randint(2, 60))
+    items = rng.sample(range(len(sizes)), rng.randint(2, len(sizes)))
+    assert packing._split_rows(items, sizes) == _reference_split_rows(items, sizes)
+    assert packing._split_rows(items, np.asarray(sizes)) == _reference_split_rows(items, sizes)
+
+
+def test_fullest_small_path_keeps_ties_in_bin_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    bins = [[0, 1], [2], [3, 4], [5, 6], [7, 8]]
+    loads = [10, 50, 30, 10, 30]
+    python = packing._fullest(bins, loads, 2)
+    monkeypatch.setattr(packing, "SMALL_BINS", 0)
+    assert python == packing._fullest(bins, loads, 2)
+    assert sorted(python) == [(-30, 2), (-30, 4)]
