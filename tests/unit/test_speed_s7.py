@@ -1,6 +1,7 @@
-"""The pure-Python paths of :func:`~megatron_dpsched.core.packing.split_owned` for few micro-batches against the
-NumPy path (forced on by setting :data:`~megatron_dpsched.core.packing.SMALL_BINS` to 0), and its row split against
-a reference written here (longest first, ties by id, the first cut with the smallest larger part)."""
+"""Pure-Python paths for small inputs: planning's ``_rehome`` against a reference written here, and
+:func:`~megatron_dpsched.core.packing.split_owned` for few micro-batches against its NumPy path (forced on by
+setting :data:`~megatron_dpsched.core.packing.SMALL_BINS` to 0), its row split against a reference (longest
+first, ties by id, the first cut with the smallest larger part)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import random
 import numpy as np
 import pytest
 
-from megatron_dpsched.core import packing
+from megatron_dpsched.core import packing, planning
+from megatron_dpsched.core.config import ScheduleConfig
 
 
 def _sizes(rng: random.Random, count: int) -> list[int]:
@@ -68,3 +70,52 @@ def test_fullest_small_path_keeps_ties_in_bin_order(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(packing, "SMALL_BINS", 0)
     assert python == packing._fullest(bins, loads, 2)
     assert sorted(python) == [(-30, 2), (-30, 4)]
+
+
+def _reference_rehome(homeless: list[int], ranks: list[list[list[int]]], loads: list[float], *, sizes: list[int],
+                      costs: list[float], cap: int, padded_rows: bool) -> bool:
+    """Each sample to the lightest rank (ties: the lower) with a micro-batch it fits in: the first empty one there,
+    else the first it fits in; a micro-batch fits a sample when its collated size with it stays under the cap."""
+    def fits(mb: list[int], size: int) -> bool:
+        if padded_rows:
+            return (len(mb) + 1) * max([size, *(sizes[i] for i in mb)]) <= cap
+        return sum(sizes[i] for i in mb) + size <= cap
+
+    for item in homeless:
+        size = sizes[item]
+        open_ranks = [r for r, rank in enumerate(ranks) if any(fits(mb, size) for mb in rank)]
+        if not open_ranks:
+            return False
+        r = min(open_ranks, key=lambda r: loads[r])
+        empty = [b for b, mb in enumerate(ranks[r]) if not mb]
+        b = empty[0] if empty else next(b for b, mb in enumerate(ranks[r]) if fits(mb, size))
+        ranks[r][b].append(item)
+        loads[r] += costs[item]
+    return True
+
+
+@pytest.mark.parametrize("seed", range(80))
+def test_rehome_matches_reference(seed: int) -> None:
+    rng = random.Random(seed)
+    cap, padded_rows, dp = rng.choice((64, 200, 400)), rng.random() < 0.5, rng.randint(1, 6)
+    sizes = [min(size, cap) for size in _sizes(rng, rng.randint(dp, 80))]
+    costs = [float(rng.choice((1, 2, 3))) if rng.random() < 0.5 else rng.random() for _ in sizes]
+    config = ScheduleConfig(dp_size=dp, global_batch_size=len(sizes), max_tokens_per_gpu=cap, padded_rows=padded_rows)
+    items = list(range(len(sizes)))
+    rng.shuffle(items)
+    homeless = sorted(items[: rng.randint(0, len(items))], key=lambda i: -sizes[i])
+    ranks: list[list[list[int]]] = [[[] for _ in range(rng.randint(1, 4))] for _ in range(dp)]
+    for i in items[len(homeless):]:
+        rank = rng.choice(ranks)
+        mb = rng.choice(rank)
+        longest = max([sizes[i], *(sizes[j] for j in mb)])
+        if (len(mb) + 1) * longest <= cap and sum(sizes[j] for j in mb) + sizes[i] <= cap:
+            mb.append(i)
+    loads = [sum(costs[i] for mb in rank for i in mb) for rank in ranks]
+    expected_ranks, expected_loads = [[list(mb) for mb in rank] for rank in ranks], list(loads)
+    expected = _reference_rehome(homeless, expected_ranks, expected_loads, sizes=sizes, costs=costs, cap=cap,
+                                 padded_rows=padded_rows)
+    got = planning._rehome(homeless, ranks, loads, sizes=sizes, costs=costs, config=config)
+    assert got == expected
+    if expected:
+        assert ranks == expected_ranks
