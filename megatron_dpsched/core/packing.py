@@ -285,6 +285,18 @@ def _fit_or_refit(
     return None
 
 
+def chunk_ranks(ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int) -> list[BinArrays]:
+    """Each rank's :func:`chunk_decreasing` micro-batches with their collated sizes: the half of
+    :func:`pack_ranks` with ``padded_rows`` that does not depend on the count (:func:`split_chunks` does the rest)."""
+    return _chunk_ranks(ranks, sizes, cap)
+
+
+def split_chunks(chunks: Sequence[BinArrays], sizes: Sequence[int], num_bins: int) -> list[list[list[int]] | None]:
+    """:func:`pack_ranks` with ``padded_rows`` at ``num_bins`` of the ranks whose :func:`chunk_ranks` are given."""
+    return [_fit_or_refit(rank, bins, sizes, num_bins, padded_rows=True, refits=None)
+            for rank, bins in enumerate(chunks)]
+
+
 def _chunk_ranks(ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int) -> list[BinArrays]:
     """:func:`chunk_decreasing` of every rank's items, with each chunk's collated size (its row count times its
     first, longest size), all ranks at once: step ``t`` cuts every rank's ``t``-th chunk."""

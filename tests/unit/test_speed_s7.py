@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 
-from megatron_dpsched.core import packing, planning
+from megatron_dpsched.core import StepTimeModel, objective, packing, planning
 from megatron_dpsched.core.config import ScheduleConfig
 
 
@@ -119,3 +119,33 @@ def test_rehome_matches_reference(seed: int) -> None:
     assert got == expected
     if expected:
         assert ranks == expected_ranks
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_repacker_matches_repack_ranks(seed: int) -> None:
+    rng = random.Random(seed)
+    dp, padded_rows = rng.randint(1, 6), rng.random() < 0.7
+    sizes = _sizes(rng, rng.randint(dp, 120))
+    config = ScheduleConfig(dp_size=dp, global_batch_size=len(sizes), max_tokens_per_gpu=rng.choice((400, 900)),
+                            padded_rows=padded_rows)
+    items = list(range(len(sizes)))
+    rng.shuffle(items)
+    plan = [[items[r::dp][m::2] for m in range(2)] for r in range(dp)]
+    repack = objective.repacker(plan, sizes, config)
+    for count in sorted(rng.sample(range(1, 40), 6)):
+        assert repack(count) == objective.repack_ranks(plan, sizes, config, count)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_padded_times_match_forward_time(seed: int) -> None:
+    rng = random.Random(seed)
+    sizes = _sizes(rng, rng.randint(1, 60))
+    model = StepTimeModel(seconds_per_token=rng.choice((1e-9, 0.3)), seconds_per_token_pair=rng.choice((0.0, 1e-12)),
+                          seconds_per_microbatch=rng.choice((0.0, 1e-3)))
+    config = ScheduleConfig(dp_size=1, global_batch_size=len(sizes), max_tokens_per_gpu=10_000, padded_rows=True,
+                            step_time_model=model)
+    timer = objective.StepTimer(sizes=sizes, costs=[1.0] * len(sizes), config=config)
+    items = list(range(len(sizes)))
+    rng.shuffle(items)
+    rank = [items[a:b] for a, b in ((0, 0), (0, len(items) // 2), (len(items) // 2, len(items)))]
+    assert timer._padded_times(rank) == [timer._forward_time(mb) for mb in rank]
