@@ -169,8 +169,9 @@ class StepTimer:
             return self._candidate_rows(plan, orders)
         arranged = [arrangements(rank, self.costs, orders) for rank in plan]
         times = self._batch_times([batches for batches, _ in arranged])
-        spans = [self._spans([tuple(map(rank_times.__getitem__, positions[k]))
-                              for rank_times, (_, positions) in zip(times, arranged)]) for k in range(len(orders))]
+        flat = self._spans([tuple(map(rank_times.__getitem__, positions[k])) for k in range(len(orders))
+                            for rank_times, (_, positions) in zip(times, arranged)])  # every order in one pass
+        spans = [flat[k * len(plan):(k + 1) * len(plan)] for k in range(len(orders))]
         choice, chosen, settled = _choose_orders(spans)
         ordered = [[batches[b] for b in positions[k]] for k, (batches, positions) in zip(choice, arranged)]
         return Candidate(num_microbatches=len(plan[0]), seconds=max(chosen), plan=ordered, rank_seconds=chosen,

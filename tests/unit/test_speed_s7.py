@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 
-from megatron_dpsched.core import StepTimeModel, objective, packing, planning
+from megatron_dpsched.core import StepTimeModel, objective, ordering, packing, planning
 from megatron_dpsched.core.config import ScheduleConfig
 
 
@@ -149,3 +149,16 @@ def test_padded_times_match_forward_time(seed: int) -> None:
     rng.shuffle(items)
     rank = [items[a:b] for a, b in ((0, 0), (0, len(items) // 2), (len(items) // 2, len(items)))]
     assert timer._padded_times(rank) == [timer._forward_time(mb) for mb in rank]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_arrangements_sort_by_cost_then_first_sample_empty_first(seed: int) -> None:
+    rng = random.Random(seed)
+    costs = [float(rng.choice((0, 1, 2))) for _ in range(30)]
+    items = list(range(30))
+    rng.shuffle(items)
+    cuts = sorted(rng.randint(0, 30) for _ in range(rng.randint(0, 12)))
+    batches = [items[a:b] for a, b in zip([0, *cuts], [*cuts, 30], strict=True)]
+    ordered, (positions,) = ordering.arrangements(batches, costs, ("ascending",))
+    expected = sorted(map(sorted, batches), key=lambda mb: (sum(costs[i] for i in mb), mb[:1]))
+    assert [ordered[b] for b in positions] == expected
