@@ -184,16 +184,15 @@ def split_owned(
     assert len(loads) == len(out)
     heap = _fullest(out, loads, num_bins - len(out))
     halve = _split_rows if padded_rows else _halve
+    pop, push = heapq.heappop, heapq.heappush
     while len(out) < num_bins and heap:
-        _, i = heapq.heappop(heap)
+        _, i = pop(heap)
         first, second = halve(out[i], sizes)
         out[i] = first
         out.append(second)
-        for j in (i, len(out) - 1):
-            items = out[j]
+        for j, items in ((i, first), (len(out) - 1, second)):
             if len(items) > 1:  # a padded-rows half is longest first: its collated size is its rows times the first
-                load = len(items) * sizes[items[0]] if padded_rows else sum(map(sizes.__getitem__, items))
-                heapq.heappush(heap, (-load, j))
+                push(heap, (-(len(items) * sizes[items[0]] if padded_rows else sum(map(sizes.__getitem__, items))), j))
     out.extend([] for _ in range(num_bins - len(out)))
     return out
 
@@ -525,7 +524,9 @@ def _split_rows(items: Sequence[int], sizes: Sequence[int]) -> tuple[list[int], 
     larger part (``j`` rows of the longest size vs. the rest's rows of theirs; the first such cut)."""
     ordered = sorted(items)
     ordered.sort(key=sizes.__getitem__, reverse=True)  # stable: longest first, ties by id
-    lengths = [sizes[i] for i in ordered]
+    if len(ordered) == 2:
+        return ordered[:1], ordered[1:]
+    lengths = list(map(sizes.__getitem__, ordered))
     count, longest = len(ordered), lengths[0]
     cut, best = 1, None
     for j in range(1, count):
