@@ -75,7 +75,7 @@ from megatron_dpsched.core.balancing import flat_ranks, peak_cost, rank_maxima, 
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
 from megatron_dpsched.core.kk import differencing_pack, kk_deal, spread_pack
 from megatron_dpsched.core.ordering import PIPELINE_ORDERS, arrange_rows, arrangements, order_micro_batches
-from megatron_dpsched.core.packing import pack_ranks
+from megatron_dpsched.core.packing import chunk_ranks, pack_ranks, split_chunks
 from megatron_dpsched.core.steptime import VECTOR_RANKS, StepTimeModel, rank_makespans, row_makespans
 
 STEP_TIME_TOLERANCE = 0.005
@@ -169,8 +169,9 @@ class StepTimer:
             return self._candidate_rows(plan, orders)
         arranged = [arrangements(rank, self.costs, orders) for rank in plan]
         times = self._batch_times([batches for batches, _ in arranged])
-        spans = [self._spans([tuple(map(rank_times.__getitem__, positions[k]))
-                              for rank_times, (_, positions) in zip(times, arranged)]) for k in range(len(orders))]
+        flat = self._spans([tuple(map(rank_times.__getitem__, positions[k])) for k in range(len(orders))
+                            for rank_times, (_, positions) in zip(times, arranged)])  # every order in one pass
+        spans = [flat[k * len(plan):(k + 1) * len(plan)] for k in range(len(orders))]
         choice, chosen, settled = _choose_orders(spans)
         ordered = [[batches[b] for b in positions[k]] for k, (batches, positions) in zip(choice, arranged)]
         return Candidate(num_microbatches=len(plan[0]), seconds=max(chosen), plan=ordered, rank_seconds=chosen,
@@ -225,7 +226,9 @@ class StepTimer:
     def _batch_times(self, ranks: list[RankPlan]) -> list[list[float]]:
         """:meth:`_forward_time` of every micro-batch of every rank; with many ranks in one NumPy pass when its
         token and pair sums are exact in floating point (as Python's integer sums are)."""
-        if len(ranks) < VECTOR_RANKS or self.config.padded_rows or self._planned is None:
+        if self.config.padded_rows:
+            return [self._padded_times(rank) for rank in ranks]
+        if len(ranks) < VECTOR_RANKS or self._planned is None:
             return [[self._forward_time(mb) for mb in rank] for rank in ranks]
         batches = list(chain.from_iterable(ranks))
         counts = np.fromiter(map(len, batches), dtype=np.int64, count=len(batches))
@@ -233,6 +236,22 @@ class StepTimer:
         seconds = self._flat_times(items, counts).tolist()
         bounds = np.cumsum([len(rank) for rank in ranks]).tolist()
         return [seconds[a:b] for a, b in zip([0, *bounds[:-1]], bounds)]
+
+    def _padded_times(self, rank: RankPlan) -> list[float]:
+        """:meth:`_forward_time` of each of ``rank``'s micro-batches with ``padded_rows`` (the same arithmetic, the
+        model's figures read once)."""
+        model = self.config.step_time_model
+        assert model is not None
+        a, b, c = model.seconds_per_token, model.seconds_per_token_pair, model.seconds_per_microbatch
+        sizes, times = self.sizes, []
+        for micro_batch in rank:
+            if micro_batch:
+                longest = max(map(sizes.__getitem__, micro_batch))
+                tokens, pairs = len(micro_batch) * longest, len(micro_batch) * longest * longest
+            else:
+                tokens = pairs = 1
+            times.append(a * tokens + b * pairs + c)
+        return times
 
     @np.errstate(over="ignore", invalid="ignore")  # as Python floats: inf and nan, no warning
     def _flat_times(self, items: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -358,7 +377,7 @@ class StepTimer:
         if not micro_batch:
             tokens = pairs = 1
         elif self.config.padded_rows:
-            longest = max(sizes[i] for i in micro_batch)
+            longest = max(map(sizes.__getitem__, micro_batch))
             tokens, pairs = len(micro_batch) * longest, len(micro_batch) * longest * longest
         else:
             tokens = sum(map(sizes.__getitem__, micro_batch))
@@ -623,14 +642,15 @@ def _more_counts(base: Candidate, timer: StepTimer, *, limit: int) -> list[Candi
     :data:`STEP_TIME_TOLERANCE`."""
     layout, config = timer.config.layout, timer.config
     screened: list[Candidate] = []
-    busiest: list[RankPlan] = []  # found when the first count is screened
+    repack: Callable[[int], list[RankPlan] | None] | None = None  # the busiest ranks', made at the first count
     best, best_count, stale, count = base.seconds, base.num_microbatches, 0, base.num_microbatches
     while stale < MAX_STALE_COUNTS or count < SEARCH_SPAN * best_count:
         count = max(layout.next_legal(count), layout.align(math.ceil(count * (1 + COUNT_GROWTH))))
         if count > limit:
             break
-        busiest = busiest or timer.busiest(base.plan)
-        subset = repack_ranks(busiest, timer.sizes, config, count)
+        if repack is None:
+            repack = repacker(timer.busiest(base.plan), timer.sizes, config)
+        subset = repack(count)
         if subset is None:
             stale += 1
             continue
@@ -646,7 +666,7 @@ def _more_counts(base: Candidate, timer: StepTimer, *, limit: int) -> list[Candi
     fastest = min(screened, key=lambda c: c.seconds)
     picks = [near, fastest] if fastest.seconds < near.seconds * (1 - STEP_TIME_TOLERANCE) else [near]  # else
     counts = dict.fromkeys(c.num_microbatches for c in picks if c.seconds < base.seconds)  # choose() keeps near
-    plans = [repack_ranks(base.plan, timer.sizes, config, count) for count in counts]
+    plans = list(map(repacker(base.plan, timer.sizes, config), counts))
     return [timer.candidate(plan) for plan in plans if plan is not None]
 
 
@@ -693,6 +713,23 @@ def _dealt_alike(rank: RankPlan, times: Sequence[float]) -> bool:
     dearest parts with the empty ones while there are as many parts as samples), so the rank packed anew runs the
     same micro-batches, in the same fastest order (:func:`cost_equal` skips it where it is settled)."""
     return all(len(mb) <= 1 for mb in rank) and all(times[mb[0]] > 0 for mb in rank if mb)
+
+
+def repacker(
+    plan: list[RankPlan], sizes: Sequence[int], config: ScheduleConfig
+) -> Callable[[int], list[RankPlan] | None]:
+    """:func:`repack_ranks` of ``plan`` at any count; with ``padded_rows`` each rank's chunks, which do not depend on
+    the count, are made once (:func:`~megatron_dpsched.core.packing.chunk_ranks`)."""
+    if not config.padded_rows:
+        return partial(repack_ranks, plan, sizes, config)
+    assert config.token_cap is not None
+    chunks = chunk_ranks([[i for mb in rank for i in mb] for rank in plan], sizes, config.token_cap)
+
+    def at(count: int) -> list[RankPlan] | None:
+        packed = split_chunks(chunks, sizes, count)
+        return None if any(bins is None for bins in packed) else packed  # type: ignore[return-value]
+
+    return at
 
 
 def repack_ranks(

@@ -60,7 +60,7 @@ def arrangements(
     """Each micro-batch's samples in index order, and for each of ``orders`` (of :data:`PIPELINE_ORDERS`)
     the positions of those micro-batches in its run order: one sort for all orders."""
     batches = list(map(sorted, micro_batches))
-    keys = [(sum(map(costs.__getitem__, mb)), mb[:1]) for mb in batches]
+    keys = [(sum(map(costs.__getitem__, mb)), mb[0] if mb else -1) for mb in batches]  # an empty one first on ties
     ascending = sorted(range(len(batches)), key=keys.__getitem__)
     return batches, [_arrange(ascending, order) for order in orders]
 

@@ -136,7 +136,7 @@ def worst_fit_decreasing(
     """
     bins: list[list[int]] = [[] for _ in range(num_bins)]
     heap = [(0, b) for b in range(num_bins)]
-    for item in sorted(items, key=lambda i: -sizes[i]):
+    for item in sorted(items, key=sizes.__getitem__, reverse=True):  # stable: ties keep their order
         load, b = heapq.heappop(heap)
         size = sizes[item]
         if size > cap:
@@ -165,6 +165,10 @@ def split_to_count(
     return split_owned([list(b) for b in bins], sizes, num_bins, padded_rows=padded_rows, loads=loads)
 
 
+SMALL_BINS = 64
+"""Up to this many micro-batches :func:`split_owned` works in pure Python (NumPy's per-call cost dominates)."""
+
+
 def split_owned(
     out: list[list[int]], sizes: Sequence[int], num_bins: int, *, padded_rows: bool = False,
     loads: Sequence[int] | None = None,
@@ -175,18 +179,20 @@ def split_owned(
     if len(out) == num_bins:
         return out
     if loads is None:
-        loads = collated_sizes(out, sizes, padded_rows=padded_rows)
+        loads = (collated_sizes(out, sizes, padded_rows=padded_rows) if len(out) > SMALL_BINS
+                 else [collated_size(items, sizes, padded_rows=padded_rows) for items in out])
     assert len(loads) == len(out)
     heap = _fullest(out, loads, num_bins - len(out))
     halve = _split_rows if padded_rows else _halve
+    pop, push = heapq.heappop, heapq.heappush
     while len(out) < num_bins and heap:
-        _, i = heapq.heappop(heap)
+        _, i = pop(heap)
         first, second = halve(out[i], sizes)
         out[i] = first
         out.append(second)
-        for j in (i, len(out) - 1):
-            if len(out[j]) > 1:
-                heapq.heappush(heap, (-collated_size(out[j], sizes, padded_rows=padded_rows), j))
+        for j, items in ((i, first), (len(out) - 1, second)):
+            if len(items) > 1:  # a padded-rows half is longest first: its collated size is its rows times the first
+                push(heap, (-(len(items) * sizes[items[0]] if padded_rows else sum(map(sizes.__getitem__, items))), j))
     out.extend([] for _ in range(num_bins - len(out)))
     return out
 
@@ -194,7 +200,14 @@ def split_owned(
 def _fullest(bins: list[list[int]], loads: Sequence[int], splits: int) -> list[tuple[int, int]]:
     """The heap of ``(-load, bin)`` of :func:`split_owned`'s multi-sample bins, only the ``splits`` first in that
     order: each split pops one entry and the bins' own entries pop in their order, so ``splits`` splits never
-    reach a later one."""
+    reach a later one. Up to :data:`SMALL_BINS` bins in pure Python (NumPy's per-call cost dominates there)."""
+    if len(bins) <= SMALL_BINS:
+        candidates = [i for i, items in enumerate(bins) if len(items) > 1]
+        if len(candidates) > splits:
+            candidates = sorted(candidates, key=lambda i: -loads[i])[:splits]
+        heap = [(-int(loads[i]), i) for i in candidates]
+        heapq.heapify(heap)
+        return heap
     candidates = np.flatnonzero(np.fromiter(map(len, bins), dtype=np.int64, count=len(bins)) > 1)
     load_array = np.asarray(loads, dtype=np.int64)
     if len(candidates) > splits:
@@ -269,6 +282,18 @@ def _fit_or_refit(
     if refits is not None:
         refits[rank] = bins
     return None
+
+
+def chunk_ranks(ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int) -> list[BinArrays]:
+    """Each rank's :func:`chunk_decreasing` micro-batches with their collated sizes: the half of
+    :func:`pack_ranks` with ``padded_rows`` that does not depend on the count (:func:`split_chunks` does the rest)."""
+    return _chunk_ranks(ranks, sizes, cap)
+
+
+def split_chunks(chunks: Sequence[BinArrays], sizes: Sequence[int], num_bins: int) -> list[list[list[int]] | None]:
+    """:func:`pack_ranks` with ``padded_rows`` at ``num_bins`` of the ranks whose :func:`chunk_ranks` are given."""
+    return [_fit_or_refit(rank, bins, sizes, num_bins, padded_rows=True, refits=None)
+            for rank, bins in enumerate(chunks)]
 
 
 def _chunk_ranks(ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int) -> list[BinArrays]:
@@ -496,10 +521,19 @@ def small_int(count: int) -> type:
 
 def _split_rows(items: Sequence[int], sizes: Sequence[int]) -> tuple[list[int], list[int]]:
     """Split a padded-rows bin into its longest samples and the rest, at the cut with the smaller
-    larger part (``j`` rows of the longest size vs. the rest's rows of theirs)."""
-    ordered = sorted(items, key=lambda i: (-sizes[i], i))
-    count, longest = len(ordered), sizes[ordered[0]]
-    cut = min(range(1, count), key=lambda j: max(j * longest, (count - j) * sizes[ordered[j]]))
+    larger part (``j`` rows of the longest size vs. the rest's rows of theirs; the first such cut)."""
+    ordered = sorted(items)
+    ordered.sort(key=sizes.__getitem__, reverse=True)  # stable: longest first, ties by id
+    if len(ordered) == 2:
+        return ordered[:1], ordered[1:]
+    lengths = list(map(sizes.__getitem__, ordered))
+    count, longest = len(ordered), lengths[0]
+    cut, best = 1, None
+    for j in range(1, count):
+        first, rest = j * longest, (count - j) * lengths[j]
+        part = first if first > rest else rest
+        if best is None or part < best:
+            cut, best = j, part
     return ordered[:cut], ordered[cut:]
 
 
@@ -508,7 +542,7 @@ def _halve(items: Sequence[int], sizes: Sequence[int]) -> tuple[list[int], list[
     first: list[int] = []
     second: list[int] = []
     load_first = load_second = 0
-    for item in sorted(items, key=lambda i: -sizes[i]):
+    for item in sorted(items, key=sizes.__getitem__, reverse=True):  # stable: ties keep their order
         if load_first <= load_second:
             first.append(item)
             load_first += sizes[item]

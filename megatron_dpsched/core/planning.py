@@ -521,29 +521,29 @@ def _rehome(
 ) -> bool:
     """Each homeless sample (longest first) into the lightest rank with room (the first empty micro-batch, else
     the first with room); ``False`` if one fits nowhere. The micro-batches' fills, counts, longest samples and
-    rooms are NumPy arrays, rank by rank (:func:`_bin_arrays`)."""
+    rooms come from NumPy (:func:`_bin_arrays`), rank by rank, and are then Python lists: each sample reads and
+    updates a few entries, where NumPy's per-call cost would dominate."""
     cap, rows = config.token_cap, config.padded_rows
     first, counts, fills, longest = _bin_arrays(bins_per_rank, sizes)
     rooms = padding.rooms(counts=counts, fills=fills, longest=longest, cap=cap, padded_rows=rows)
     if not rows and sum(sizes[i] for i in homeless) > int(np.maximum(rooms, 0).sum()):
         return False  # not enough room left on all ranks together
-    widest = np.array([int(rooms[a:b].max(initial=0)) for a, b in zip(first, first[1:])], dtype=np.int64)
-    rank_loads = np.array(loads, dtype=np.float64)
+    counts, fills, longest, rooms = counts.tolist(), fills.tolist(), longest.tolist(), rooms.tolist()
+    widest = [max([0, *rooms[a:b]]) for a, b in zip(first, first[1:])]
+    rank_loads = [float(load) for load in loads]
     for item in homeless:
         size = sizes[item]
-        fits = widest >= size
-        if not fits.any():
+        rank = min((r for r, wide in enumerate(widest) if wide >= size), key=rank_loads.__getitem__, default=None)
+        if rank is None:
             return False
-        rank = int(np.argmin(np.where(fits, rank_loads, np.inf)))
         a, z = first[rank], first[rank + 1]
-        empty = np.flatnonzero(fills[a:z] == 0)
-        b = a + (int(empty[0]) if len(empty) else int(np.argmax(rooms[a:z] >= size)))
+        span = fills[a:z]  # the first empty micro-batch, else the first with room
+        b = a + (span.index(0) if 0 in span else next(j for j, room in enumerate(rooms[a:z]) if room >= size))
         bins_per_rank[rank][b - a].append(item)
-        counts[b], fills[b], longest[b] = counts[b] + 1, fills[b] + size, max(int(longest[b]), size)
-        rooms[b] = padding.room(count=int(counts[b]), fill=int(fills[b]), longest=int(longest[b]), cap=cap,
-                                padded_rows=rows)
-        widest[rank] = int(rooms[a:z].max())
-        rank_loads[rank] = float(rank_loads[rank]) + costs[item]
+        counts[b], fills[b], longest[b] = counts[b] + 1, fills[b] + size, max(longest[b], size)
+        rooms[b] = padding.room(count=counts[b], fill=fills[b], longest=longest[b], cap=cap, padded_rows=rows)
+        widest[rank] = max(rooms[a:z])
+        rank_loads[rank] += costs[item]
     return True
 
 
