@@ -400,30 +400,33 @@ def assemble_schedule(
 
 
 def _assembled(layouts: list[StepLayout], *, dp_size: int) -> dict[str, tuple[Any, ...]]:
-    """:func:`assemble_schedule`'s rank-major fields from every step's :data:`StepLayout`, in NumPy: the
-    micro-batches ordered by rank (a stable sort keeps each rank's steps and run order), then cut per rank."""
-    per_rank = np.concatenate([layout[0] for layout in layouts])  # step after step, rank after rank
-    counts = np.concatenate([layout[1] for layout in layouts])
-    starts = np.cumsum(counts) - counts
-    by_rank = np.argsort(np.repeat(np.tile(np.arange(dp_size), len(layouts)), per_rank), kind="stable")
-    sizes, starts = counts[by_rank], starts[by_rank]
-    ends = np.cumsum(sizes)
-    index = np.repeat(starts - (ends - sizes), sizes)
-    index += np.arange(len(index))
-    samples = np.concatenate([layout[2] for layout in layouts])[index].tolist()
-    mb_ends = np.cumsum(per_rank.reshape(len(layouts), dp_size).sum(axis=0))  # each rank's last micro-batch
-    sample_ends = np.concatenate(([0], ends))[mb_ends]
-    rank_starts = np.repeat(np.concatenate(([0], sample_ends[:-1])), np.diff(mb_ends, prepend=0))
-    local_ends = ends - rank_starts
-    keys = ((local_ends - sizes) * SPAN_WIDTH + local_ends).tolist()
-    spans, bounds = _Spans(SPAN_WIDTH), zip([0, *mb_ends[:-1].tolist()], mb_ends.tolist())
-    cuts = zip([0, *sample_ends[:-1].tolist()], sample_ends.tolist())
-    return {
-        "partitions": tuple(tuple(samples[a:b]) for a, b in cuts),
-        "micro_batch_indices": tuple(tuple(map(spans.__getitem__, keys[a:b])) for a, b in bounds),
+    """:func:`assemble_schedule`'s rank-major fields from every step's :data:`StepLayout` (let go as read), in
+    NumPy: the micro-batches ordered by rank (a stable sort keeps each rank's steps and run order), then cut
+    per rank."""
+    fields = {
         "num_microbatches": tuple(int(layout[0][0]) for layout in layouts),
         "step_num_samples": tuple(int(layout[1].sum()) for layout in layouts),
     }
+    per_rank = np.concatenate([layout[0] for layout in layouts])  # step after step, rank after rank
+    sizes = np.concatenate([layout[1] for layout in layouts])
+    by_rank = np.argsort(np.repeat(np.tile(np.arange(dp_size), len(layouts)), per_rank), kind="stable")
+    starts, sizes = (np.cumsum(sizes) - sizes)[by_rank], sizes[by_rank]
+    ends = np.cumsum(sizes)
+    index = np.repeat(starts - (ends - sizes), sizes)
+    del starts, by_rank
+    index += np.arange(len(index))
+    samples = np.concatenate([layouts.pop(0)[2] for _ in range(len(layouts))])[index]
+    del index
+    mb_ends = np.cumsum(per_rank.reshape(-1, dp_size).sum(axis=0))  # each rank's last micro-batch, plus one
+    sample_ends = np.concatenate(([0], ends))[mb_ends]
+    local_ends = ends - np.repeat(np.concatenate(([0], sample_ends[:-1])), np.diff(mb_ends, prepend=0))
+    keys = (local_ends - sizes) * SPAN_WIDTH + local_ends
+    spans = _Spans(SPAN_WIDTH)
+    bounds = list(zip([0, *mb_ends[:-1].tolist()], mb_ends.tolist()))
+    cuts = list(zip([0, *sample_ends[:-1].tolist()], sample_ends.tolist()))
+    fields["partitions"] = tuple(tuple(samples[a:b].tolist()) for a, b in cuts)
+    fields["micro_batch_indices"] = tuple(tuple(map(spans.__getitem__, keys[a:b].tolist())) for a, b in bounds)
+    return fields
 
 
 SPAN_WIDTH = 1 << 32
