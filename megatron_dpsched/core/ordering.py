@@ -136,8 +136,11 @@ def ordered_layout(
     firsts = np.full(len(counts), -1)  # an empty micro-batch's key ``[]`` comes before any ``[i]``
     firsts[filled] = flat[starts[filled]]
     rank_ids = np.repeat(np.arange(len(per_rank)), per_rank)
-    if order == "none":  # by first sample, the empty ones last in their order (a stable sort)
-        run = np.lexsort((firsts, ~filled, rank_ids))
+    if order == "none":  # by first sample, the empty ones last in their order: one sort of distinct keys
+        width = 2 * len(flat) + len(counts) + 1  # first samples, then ``len(flat)`` + each empty one's position
+        keys = np.where(filled, firsts, len(flat) + np.arange(len(counts)))
+        keys += rank_ids * width
+        run = np.argsort(keys)
     else:
         run = _arrange_ranks(np.lexsort((firsts, run_sums(costs, flat, counts), rank_ids)), per_rank, order)
     starts, counts = starts[run], counts[run]
