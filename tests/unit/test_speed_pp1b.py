@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from megatron_dpsched.core import planning
+from megatron_dpsched.core import balancing, planning
 from megatron_dpsched.core.balancing import run_sums
 from megatron_dpsched.core.config import ScheduleConfig
 from megatron_dpsched.core.ordering import order_ranks, ordered_layout
@@ -79,3 +79,16 @@ def test_ordered_layout_is_order_ranks(order: str, seed: int) -> None:
     copy = [[list(mb) for mb in rank] for rank in ranks]
     expected = order_ranks(copy, costs, order, run_sums=run_sums)
     assert _as_lists(*ordered_layout(ranks, costs, order, run_sums=run_sums)) == expected
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_lightest_is_the_stable_sorts_head(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    loads = rng.integers(0, 4, size=int(rng.integers(1, 40))).astype(np.float64)  # many ties
+    if seed % 3 == 0:
+        loads[rng.integers(0, len(loads), size=3)] = np.nan
+    if seed % 5 == 0:
+        loads[rng.integers(0, len(loads), size=2)] = np.inf
+    for count in (1, 3, 8):
+        expected = np.argsort(loads, kind="stable")[:count]
+        assert balancing.lightest(loads, count).tolist() == expected.tolist()
