@@ -53,7 +53,7 @@ def plan_step(
 ) -> list[RankPlan] | list[CompactRankPlan]:
     """One step: per rank, its micro-batches (global sample ids) in run order (``compact``: where the plan's
     positions in the step must be copied to sample ids, each rank and micro-batch a tuple, an empty one the
-    shared ``()``; what a whole run keeps until it is assembled, in a fraction of the memory).
+    shared ``()``; a whole run keeps :func:`plan_step_layout`'s arrays instead).
 
     ``lengths`` and ``costs`` are indexed by global sample id. The step is planned on planned sizes
     (lengths rounded up to ``pad_multiple``) wherever it counts tokens: the lower bound, rank
