@@ -289,7 +289,7 @@ class _Moves:
         """Make the best move off the busiest rank; ``False`` when none lowers its cost."""
         loads = self.loads
         source = int(np.argmax(loads))
-        targets = np.argsort(loads, kind="stable")[:TARGETS]
+        targets = lightest(loads, TARGETS)
         items = self.members[source]
         items = items[self.counts[self.first[source] + self.bin_of(source, items)] > 1]
         if not len(items):
@@ -330,6 +330,16 @@ class _Moves:
         self.loads[target] = float(self.loads[target]) + cost
         for rank in (source, target):
             self.widest[rank] = int(self.rooms(rank).max(initial=0))
+
+
+def lightest(loads: np.ndarray, count: int) -> np.ndarray:
+    """``np.argsort(loads, kind="stable")[:count]`` without sorting every load: the ranks at or under the
+    ``count``-th smallest load, sorted stably (the full sort where fewer than ``count`` loads are comparable)."""
+    if len(loads) > count:
+        candidates = np.flatnonzero(loads <= np.partition(loads, count - 1)[count - 1])
+        if len(candidates) >= count:
+            return candidates[np.argsort(loads[candidates], kind="stable")[:count]]
+    return np.argsort(loads, kind="stable")[:count]
 
 
 COMPENSATED_SUM = sum([1e16, 1.0, -1e16]) == 1.0

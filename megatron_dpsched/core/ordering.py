@@ -110,25 +110,77 @@ def order_ranks(
         return ranks
     if run_sums is None or not padding.all_floats(costs):
         return [order_micro_batches(rank, costs, order) for rank in ranks]
-    counts, flat = _laid_out(ranks)
-    per_rank = np.fromiter(map(len, ranks), dtype=np.int64, count=len(ranks))
+    per_rank, _, _, arranged = _arranged(ranks, costs, order, run_sums)
     batches = list(chain.from_iterable(ranks))
-    firsts = np.full(len(counts), -1)  # an empty micro-batch's key ``[]`` comes before any ``[i]``
-    filled = counts > 0
-    firsts[filled] = flat[(np.cumsum(counts) - counts)[filled]]
-    ascending = np.lexsort((firsts, run_sums(costs, flat, counts), np.repeat(np.arange(len(ranks)), per_rank)))
-    run = list(map(batches.__getitem__, _arrange_ranks(ascending, per_rank, order).tolist()))
+    run = list(map(batches.__getitem__, arranged.tolist()))
     ends = np.cumsum(per_rank).tolist()
     return [run[a:b] for a, b in zip([0, *ends[:-1]], ends)]
 
 
-def _laid_out(ranks: Sequence[Sequence[list[int]]]) -> tuple[np.ndarray, np.ndarray]:
-    """Every micro-batch sorted in place, rank by rank, and read while in cache: their sample counts and their
-    samples, all laid end to end."""
+def ordered_layout(
+    ranks: list[list[list[int]]], costs: Sequence[float], order: str, *, run_sums: RunSums
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`order_ranks`'s plan laid out in NumPy, its micro-batches not made again: each rank's micro-batch
+    count, every micro-batch's sample count (rank after rank, in run order) and their samples end to end.
+    ``ranks`` is read once, rank by rank, each rank let go once read (while in cache), and left empty;
+    ``"none"`` and the pipeline orders are sorted in NumPy (the same keys as :func:`order_ranks`)."""
+    if order != "none" and not padding.all_floats(costs):
+        ordered = order_ranks(ranks, costs, order, run_sums=run_sums)
+        counts = np.fromiter(map(len, chain.from_iterable(ordered)), dtype=np.int64)
+        flat = np.fromiter(chain.from_iterable(chain.from_iterable(ordered)), dtype=np.int64, count=int(counts.sum()))
+        return np.fromiter(map(len, ordered), dtype=np.int64, count=len(ordered)), counts, flat
+    per_rank = np.fromiter(map(len, ranks), dtype=np.int64, count=len(ranks))
+    counts, flat = _laid_out(ranks, drain=True)
+    starts = np.cumsum(counts) - counts
+    filled = counts > 0
+    firsts = np.full(len(counts), -1)  # an empty micro-batch's key ``[]`` comes before any ``[i]``
+    firsts[filled] = flat[starts[filled]]
+    rank_ids = np.repeat(np.arange(len(per_rank)), per_rank)
+    if order == "none":  # by first sample, the empty ones last in their order: one sort of distinct keys
+        width = 2 * len(flat) + len(counts) + 1  # first samples, then ``len(flat)`` + each empty one's position
+        keys = np.where(filled, firsts, len(flat) + np.arange(len(counts)))
+        keys += rank_ids * width
+        run = np.argsort(keys)
+    else:
+        run = _arrange_ranks(np.lexsort((firsts, run_sums(costs, flat, counts), rank_ids)), per_rank, order)
+    starts, counts = starts[run], counts[run]
+    ends = np.cumsum(counts)
+    index = np.repeat(starts - (ends - counts), counts)
+    index += np.arange(len(index))
+    return per_rank, counts, flat[index]
+
+
+def _arranged(
+    ranks: list[list[list[int]]], costs: Sequence[float], order: str, run_sums: RunSums
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The pipeline orders of every rank in one NumPy pass: the ranks' micro-batch counts, the micro-batches'
+    sample counts and samples as laid out (each sorted in place), and the micro-batches' run order."""
+    counts, flat = _laid_out(ranks)
+    per_rank = np.fromiter(map(len, ranks), dtype=np.int64, count=len(ranks))
+    firsts = np.full(len(counts), -1)  # an empty micro-batch's key ``[]`` comes before any ``[i]``
+    filled = counts > 0
+    firsts[filled] = flat[(np.cumsum(counts) - counts)[filled]]
+    ascending = np.lexsort((firsts, run_sums(costs, flat, counts), np.repeat(np.arange(len(ranks)), per_rank)))
+    return per_rank, counts, flat, _arrange_ranks(ascending, per_rank, order)
+
+
+LAID_OUT_BLOCK = 2048
+"""About this many micro-batches are read at a time by :func:`_laid_out` (whole ranks): few enough to stay in
+cache, enough that NumPy's per-call cost does not count."""
+
+
+def _laid_out(ranks: list[list[list[int]]], *, drain: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Every micro-batch sorted in place, a block of ranks at a time (:data:`LAID_OUT_BLOCK`), and read while in
+    cache: their sample counts and their samples, all laid end to end (``drain``: each block then let go,
+    ``ranks`` left holding empty lists)."""
     counts, flat = [], []
-    for rank in ranks:
-        counts.append(np.fromiter(map(len, _sorted_in_place(rank)), dtype=np.int64, count=len(rank)))
-        flat.append(np.fromiter(chain.from_iterable(rank), dtype=np.int64, count=int(counts[-1].sum())))
+    block = max(1, LAID_OUT_BLOCK * len(ranks) // max(1, sum(map(len, ranks))))
+    for r in range(0, len(ranks), block):
+        batches = list(chain.from_iterable(ranks[r : r + block]))
+        counts.append(np.fromiter(map(len, _sorted_in_place(batches)), dtype=np.int64, count=len(batches)))
+        flat.append(np.fromiter(chain.from_iterable(batches), dtype=np.int64, count=int(counts[-1].sum())))
+        if drain:
+            ranks[r : r + block] = [[] for _ in range(min(block, len(ranks) - r))]
     return np.concatenate(counts or [np.zeros(0, np.int64)]), np.concatenate(flat or [np.zeros(0, np.int64)])
 
 

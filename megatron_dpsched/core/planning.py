@@ -27,7 +27,7 @@ from megatron_dpsched.core.balancing import (
 )
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
 from megatron_dpsched.core.objective import MAX_STALE_COUNTS, count_bound, plan_for_step_time, tail_heavy
-from megatron_dpsched.core.ordering import order_ranks
+from megatron_dpsched.core.ordering import order_ranks, ordered_layout
 from megatron_dpsched.core.packing import (
     BinArrays,
     Refits,
@@ -53,7 +53,7 @@ def plan_step(
 ) -> list[RankPlan] | list[CompactRankPlan]:
     """One step: per rank, its micro-batches (global sample ids) in run order (``compact``: where the plan's
     positions in the step must be copied to sample ids, each rank and micro-batch a tuple, an empty one the
-    shared ``()``; what a whole run keeps until it is assembled, in a fraction of the memory).
+    shared ``()``; a whole run keeps :func:`plan_step_layout`'s arrays instead).
 
     ``lengths`` and ``costs`` are indexed by global sample id. The step is planned on planned sizes
     (lengths rounded up to ``pad_multiple``) wherever it counts tokens: the lower bound, rank
@@ -64,6 +64,46 @@ def plan_step(
     ``pad_multiple`` tokens to a sample (and packed attention runs on the real ``cu_seqlens``); and the
     lengths are what the plan stores, fingerprints and checks against the data.
     """
+    ranks, local_costs = _plan_positions(samples, lengths=lengths, costs=costs, config=config)
+    if config.step_time_model is None:  # every rank at once
+        ranks = order_ranks(ranks, local_costs, config.microbatch_order, run_sums=run_sums)
+    first = samples[0]
+    contiguous = samples[-1] - first + 1 == len(samples)  # sorted and distinct: a range
+    if compact:
+        return _compact(ranks, samples, first=first if contiguous else None)
+    if contiguous and first == 0:
+        return ranks
+    if contiguous:
+        return [[[first + i for i in mb] for mb in rank] for rank in ranks]
+    return [[[samples[i] for i in mb] for mb in rank] for rank in ranks]
+
+
+StepLayout = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""One step's plan laid out: each rank's micro-batch count, every micro-batch's sample count (rank after rank, in
+run order) and their global sample ids end to end."""
+
+
+def plan_step_layout(
+    samples: Sequence[int], *, lengths: Sequence[int], costs: Sequence[float], config: ScheduleConfig
+) -> StepLayout:
+    """:func:`plan_step` as a :data:`StepLayout`: the same plan, its micro-batches never made as global ids."""
+    ranks, local_costs = _plan_positions(samples, lengths=lengths, costs=costs, config=config)
+    if config.step_time_model is None:
+        per_rank, counts, flat = ordered_layout(ranks, local_costs, config.microbatch_order, run_sums=run_sums)
+    else:
+        per_rank = np.fromiter(map(len, ranks), dtype=np.int64, count=len(ranks))
+        counts, flat = _flatten(list(chain.from_iterable(ranks)))
+    first = samples[0]
+    if samples[-1] - first + 1 == len(samples):  # a range
+        return per_rank, counts, flat + first if first else flat
+    return per_rank, counts, np.asarray(samples, dtype=np.int64)[flat]
+
+
+def _plan_positions(
+    samples: Sequence[int], *, lengths: Sequence[int], costs: Sequence[float], config: ScheduleConfig
+) -> tuple[list[RankPlan], Sequence[float]]:
+    """Steps 2-6 (step 7 too, which returns its plan in run order) of one step, in positions within the step;
+    with the step's costs."""
     first = samples[0]
     contiguous = samples[-1] - first + 1 == len(samples)  # sorted and distinct: a range
     if contiguous and first == 0 and len(samples) == len(lengths):
@@ -81,15 +121,7 @@ def plan_step(
         ranks = _plan_dynamic(local_sizes, local_costs, config=config)
     if config.step_time_model is not None:  # step 7 returns its plan in run order
         ranks = _plan_step_time(ranks, local_sizes, local_costs, config=config)
-    else:  # every rank at once
-        ranks = order_ranks(ranks, local_costs, config.microbatch_order, run_sums=run_sums)
-    if compact:
-        return _compact(ranks, samples, first=first if contiguous else None)
-    if contiguous and first == 0:
-        return ranks
-    if contiguous:
-        return [[[first + i for i in mb] for mb in rank] for rank in ranks]
-    return [[[samples[i] for i in mb] for mb in rank] for rank in ranks]
+    return ranks, local_costs
 
 
 CompactRankPlan = RankPlan | tuple[tuple[int, ...], ...]

@@ -90,7 +90,7 @@ import numpy as np
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
 from megatron_dpsched.core.cost import DEFAULT_COST_MODEL, CostFunction, require_cost_model, sample_costs
 from megatron_dpsched.core.padding import array_tuple
-from megatron_dpsched.core.planning import plan_step
+from megatron_dpsched.core.planning import StepLayout, plan_step_layout
 from megatron_dpsched.core.steps import split_steps
 from megatron_dpsched.core.steptime import StepTimeModel
 from megatron_dpsched.core.validation import ArgumentError, require_lengths
@@ -304,9 +304,16 @@ def plan_schedule(
     require_cost_model(cost_model)
     costs = sample_costs(lengths, _cost_function(config, cost_model))
     lengths, costs = array_tuple(lengths, np.int64), array_tuple(costs, np.float64)  # one copy each while planning
-    plans = [plan_step(step, lengths=lengths, costs=costs, config=config, compact=True) for step in steps]
+    layouts = [plan_step_layout(step, lengths=lengths, costs=costs, config=config) for step in steps]
     lengths, costs = tuple(lengths), tuple(costs)  # the arrays freed before assembly
-    return assemble_schedule(plans, lengths=lengths, costs=costs, groups=groups, config=config, dropped=dropped)
+    return DPSchedule(
+        config=config,
+        lengths=lengths,
+        costs=costs,
+        groups=None if groups is None else tuple(_plain(g) for g in groups),
+        **_assembled(layouts, dp_size=config.dp_size),
+        dropped=tuple(dropped),
+    )
 
 
 def _cost_function(config: ScheduleConfig, cost_model: CostFunction | None) -> CostFunction | None:
@@ -390,6 +397,36 @@ def assemble_schedule(
         step_num_samples=step_num_samples,
         dropped=tuple(dropped),
     )
+
+
+def _assembled(layouts: list[StepLayout], *, dp_size: int) -> dict[str, tuple[Any, ...]]:
+    """:func:`assemble_schedule`'s rank-major fields from every step's :data:`StepLayout` (let go as read), in
+    NumPy: the micro-batches ordered by rank (a stable sort keeps each rank's steps and run order), then cut
+    per rank."""
+    fields = {
+        "num_microbatches": tuple(int(layout[0][0]) for layout in layouts),
+        "step_num_samples": tuple(int(layout[1].sum()) for layout in layouts),
+    }
+    per_rank = np.concatenate([layout[0] for layout in layouts])  # step after step, rank after rank
+    sizes = np.concatenate([layout[1] for layout in layouts])
+    by_rank = np.argsort(np.repeat(np.tile(np.arange(dp_size), len(layouts)), per_rank), kind="stable")
+    starts, sizes = (np.cumsum(sizes) - sizes)[by_rank], sizes[by_rank]
+    ends = np.cumsum(sizes)
+    index = np.repeat(starts - (ends - sizes), sizes)
+    del starts, by_rank
+    index += np.arange(len(index))
+    samples = np.concatenate([layouts.pop(0)[2] for _ in range(len(layouts))])[index]
+    del index
+    mb_ends = np.cumsum(per_rank.reshape(-1, dp_size).sum(axis=0))  # each rank's last micro-batch, plus one
+    sample_ends = np.concatenate(([0], ends))[mb_ends]
+    local_ends = ends - np.repeat(np.concatenate(([0], sample_ends[:-1])), np.diff(mb_ends, prepend=0))
+    keys = (local_ends - sizes) * SPAN_WIDTH + local_ends
+    spans = _Spans(SPAN_WIDTH)
+    bounds = list(zip([0, *mb_ends[:-1].tolist()], mb_ends.tolist()))
+    cuts = list(zip([0, *sample_ends[:-1].tolist()], sample_ends.tolist()))
+    fields["partitions"] = tuple(tuple(samples[a:b].tolist()) for a, b in cuts)
+    fields["micro_batch_indices"] = tuple(tuple(map(spans.__getitem__, keys[a:b].tolist())) for a, b in bounds)
+    return fields
 
 
 SPAN_WIDTH = 1 << 32
