@@ -410,17 +410,26 @@ def _assembled(layouts: list[StepLayout], *, dp_size: int) -> dict[str, tuple[An
     per_rank = np.concatenate([layout[0] for layout in layouts])  # step after step, rank after rank
     sizes = np.concatenate([layout[1] for layout in layouts])
     by_rank = np.argsort(np.repeat(np.tile(np.arange(dp_size), len(layouts)), per_rank), kind="stable")
-    starts, sizes = (np.cumsum(sizes) - sizes)[by_rank], sizes[by_rank]
+    starts = np.cumsum(sizes)
+    starts -= sizes
+    starts, sizes = starts[by_rank], sizes[by_rank]
+    del by_rank
     ends = np.cumsum(sizes)
-    index = np.repeat(starts - (ends - sizes), sizes)
-    del starts, by_rank
+    starts -= ends
+    starts += sizes
+    index = np.repeat(starts, sizes)
+    del starts
     index += np.arange(len(index))
     samples = np.concatenate([layouts.pop(0)[2] for _ in range(len(layouts))])[index]
     del index
     mb_ends = np.cumsum(per_rank.reshape(-1, dp_size).sum(axis=0))  # each rank's last micro-batch, plus one
     sample_ends = np.concatenate(([0], ends))[mb_ends]
-    local_ends = ends - np.repeat(np.concatenate(([0], sample_ends[:-1])), np.diff(mb_ends, prepend=0))
-    keys = (local_ends - sizes) * SPAN_WIDTH + local_ends
+    ends -= np.repeat(np.concatenate(([0], sample_ends[:-1])), np.diff(mb_ends, prepend=0))  # each rank's own
+    keys = ends - sizes
+    del sizes
+    keys *= SPAN_WIDTH
+    keys += ends
+    del ends
     spans = _Spans(SPAN_WIDTH)
     bounds = list(zip([0, *mb_ends[:-1].tolist()], mb_ends.tolist()))
     cuts = list(zip([0, *sample_ends[:-1].tolist()], sample_ends.tolist()))
