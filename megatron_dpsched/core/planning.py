@@ -49,11 +49,9 @@ def plan_step(
     lengths: Sequence[int],
     costs: Sequence[float],
     config: ScheduleConfig,
-    compact: bool = False,
-) -> list[RankPlan] | list[CompactRankPlan]:
-    """One step: per rank, its micro-batches (global sample ids) in run order (``compact``: where the plan's
-    positions in the step must be copied to sample ids, each rank and micro-batch a tuple, an empty one the
-    shared ``()``; a whole run keeps :func:`plan_step_layout`'s arrays instead).
+) -> list[RankPlan]:
+    """One step: per rank, its micro-batches (global sample ids) in run order (a whole run keeps
+    :func:`plan_step_layout`'s arrays instead).
 
     ``lengths`` and ``costs`` are indexed by global sample id. The step is planned on planned sizes
     (lengths rounded up to ``pad_multiple``) wherever it counts tokens: the lower bound, rank
@@ -69,8 +67,6 @@ def plan_step(
         ranks = order_ranks(ranks, local_costs, config.microbatch_order, run_sums=run_sums)
     first = samples[0]
     contiguous = samples[-1] - first + 1 == len(samples)  # sorted and distinct: a range
-    if compact:
-        return _compact(ranks, samples, first=first if contiguous else None)
     if contiguous and first == 0:
         return ranks
     if contiguous:
@@ -122,21 +118,6 @@ def _plan_positions(
     if config.step_time_model is not None:  # step 7 returns its plan in run order
         ranks = _plan_step_time(ranks, local_sizes, local_costs, config=config)
     return ranks, local_costs
-
-
-CompactRankPlan = RankPlan | tuple[tuple[int, ...], ...]
-"""A rank's micro-batches of one step as :func:`plan_step` gives them with ``compact``."""
-
-
-def _compact(ranks: list[RankPlan], samples: Sequence[int], *, first: int | None) -> list[CompactRankPlan]:
-    """``ranks`` (step positions) as global sample ids, every rank and micro-batch a tuple (``ranks`` themselves
-    where the ids are the positions: no copy); ``first``: the step's first sample when its samples are a range,
-    else ``None``."""
-    if first == 0:
-        return ranks
-    if first is not None:
-        return [tuple([tuple([first + i for i in mb]) if mb else () for mb in rank]) for rank in ranks]
-    return [tuple([tuple(map(samples.__getitem__, mb)) for mb in rank]) for rank in ranks]
 
 
 def lower_bound_microbatches(sizes: Sequence[int], *, config: ScheduleConfig) -> int:

@@ -1,8 +1,7 @@
-"""The shortcuts of steps with no more samples than ranks (issue 28, point 3): LPT and packing are then
+"""The shortcuts of steps with no more samples than ranks: LPT and packing are then
 determined, and the shortcut's plan is the general deal's (LPT on every sample, then each rank packed) on many
 random small cases, the whole step's plan that of the general search, and the lower bound the bin bound; costs
-it cannot decide (zero, NaN, inf) go the general way. Also the compact step plans a whole run keeps and the
-sliced step arrays."""
+it cannot decide (zero, NaN, inf) go the general way. Also the sliced step arrays."""
 
 from __future__ import annotations
 
@@ -71,26 +70,6 @@ def test_equal_costs_go_larger_capped_size_first_then_by_id() -> None:
 def test_costs_it_cannot_decide_take_the_general_path(costs: list[float]) -> None:
     config = ScheduleConfig(dp_size=4, global_batch_size=3, max_tokens_per_gpu=10)
     assert planning._one_per_rank([1, 2, 3][: len(costs)], costs, config=config, num_microbatches=2) is None
-
-
-@pytest.mark.parametrize("seed", range(40))
-def test_compact_step_plan_is_the_plan_as_tuples_where_ids_are_copied(seed: int) -> None:
-    rng = random.Random(seed)
-    lengths = [rng.randint(1, 120) for _ in range(rng.randint(8, 60))]
-    costs = array_tuple([float(n) for n in lengths], np.float64)
-    config = ScheduleConfig(dp_size=rng.choice((1, 2, 4)), global_batch_size=8, max_tokens_per_gpu=100,
-                            pp_size=rng.choice((1, 2)))
-    count = min(len(lengths), rng.randint(config.dp_size, 20))
-    start = rng.randint(0, len(lengths) - count)
-    for samples in (range(count), range(start, start + count), sorted(rng.sample(range(len(lengths)), count))):
-        kwargs = {"lengths": lengths, "costs": costs, "config": config}
-        plan = planning.plan_step(samples, **kwargs)
-        compact = planning.plan_step(samples, **kwargs, compact=True)
-        if list(samples) == list(range(count)):  # the positions are the ids: the plan itself
-            assert compact == plan
-            continue
-        assert compact == [tuple(map(tuple, rank)) for rank in plan]
-        assert all(type(rank) is tuple and all(type(mb) is tuple for mb in rank) for rank in compact)
 
 
 def test_array_slice_keeps_the_items_and_slices_the_array() -> None:
