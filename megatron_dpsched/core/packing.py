@@ -299,7 +299,7 @@ def split_chunks(chunks: Sequence[BinArrays], sizes: Sequence[int], num_bins: in
 def _chunk_ranks(ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int) -> list[BinArrays]:
     """:func:`chunk_decreasing` of every rank's items, with each chunk's collated size (its row count times its
     first, longest size), all ranks at once: step ``t`` cuts every rank's ``t``-th chunk."""
-    counts, flat = flat_ranks(ranks)
+    counts, flat = flat_lists(ranks)
     flat_sizes = np.asarray(sizes, dtype=np.int64)[flat]
     order = _by_rank_longest(np.repeat(np.arange(len(ranks)), counts), flat_sizes, flat)
     ordered, ordered_sizes = flat[order], flat_sizes[order]
@@ -318,12 +318,13 @@ def _chunk_ranks(ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int)
             for a, b, c, e in zip([0, *spans[:-1]], spans, counts.tolist(), ends.tolist())]
 
 
-def flat_ranks(ranks: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """Each rank's item count and all ranks' items laid end to end (ranks given as NumPy arrays: joined)."""
-    counts = np.fromiter(map(len, ranks), dtype=np.int64, count=len(ranks))
-    if ranks and all(isinstance(items, np.ndarray) for items in ranks):
-        return counts, np.concatenate(ranks).astype(np.int64, copy=False)
-    return counts, np.fromiter(chain.from_iterable(ranks), dtype=np.int64, count=int(counts.sum()))
+def flat_lists(lists: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Each list's item count and all lists' items laid end to end (lists given as NumPy arrays: joined); the
+    lists are a rank's items or micro-batches."""
+    counts = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
+    if lists and all(isinstance(items, np.ndarray) for items in lists):
+        return counts, np.concatenate(lists).astype(np.int64, copy=False)
+    return counts, np.fromiter(chain.from_iterable(lists), dtype=np.int64, count=int(counts.sum()))
 
 
 def _by_rank_longest(owner: np.ndarray, item_sizes: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -404,7 +405,7 @@ Grid = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 def _rank_grid(ranks: Sequence[Sequence[int]], sizes: Sequence[int]) -> Grid:
     """All ranks' items by rank, then longest first (ties in the rank's order), with their sizes, ranks and
     positions in their rank, and the grid whose row ``t`` holds every rank's ``t``-th size (0: none)."""
-    counts, flat_items = flat_ranks(ranks)
+    counts, flat_items = flat_lists(ranks)
     owner = np.repeat(np.arange(len(ranks)), counts)
     item_sizes = np.asarray(sizes, dtype=np.int64)[flat_items]
     longest = int(item_sizes.max(initial=0))

@@ -35,7 +35,7 @@ from megatron_dpsched.core.packing import (
     best_fit_ranks,
     bin_lower_bound,
     first_fit,
-    flat_ranks,
+    flat_lists,
     pack_ranks,
     split_owned,
     split_to_count,
@@ -88,7 +88,7 @@ def plan_step_layout(
         per_rank, counts, flat = ordered_layout(ranks, local_costs, config.microbatch_order, run_sums=run_sums)
     else:
         per_rank = np.fromiter(map(len, ranks), dtype=np.int64, count=len(ranks))
-        counts, flat = _flatten(list(chain.from_iterable(ranks)))
+        counts, flat = flat_lists(list(chain.from_iterable(ranks)))
     first = samples[0]
     if samples[-1] - first + 1 == len(samples):  # a range
         return per_rank, counts, flat + first if first else flat
@@ -355,13 +355,13 @@ def _plan_by_bins(
     layout come from that, and only the bins the split made are read again."""
     dp, rows = config.dp_size, config.padded_rows
     num_microbatches = config.layout.align(math.ceil(len(bins) / dp))
-    counts, flat = _flatten(bins)
+    counts, flat = flat_lists(bins)
     size_array = np.asarray(sizes, dtype=np.int64)
     loads = padding.collated_of(counts, size_array[flat], padded_rows=rows)
     split = split_owned(list(bins), sizes, num_microbatches * dp, padded_rows=rows, loads=loads)
     made = np.flatnonzero(np.fromiter(map(is_not, bins, split), dtype=bool, count=len(bins))).tolist()
     made += range(len(bins), len(split))
-    made_counts, made_flat = _flatten([split[b] for b in made])
+    made_counts, made_flat = flat_lists([split[b] for b in made])
     bin_costs = None
     if config.balance != "none":
         bin_costs = np.concatenate((run_sums(costs, flat, counts), np.zeros(len(split) - len(bins))))
@@ -379,12 +379,6 @@ def _plan_by_bins(
 
 Layout = tuple[np.ndarray, np.ndarray]
 """A plan's micro-batches' sample counts (rank by rank, in plan order) and all its samples in that order."""
-
-
-def _flatten(bins: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """The bins' sample counts and their samples laid end to end."""
-    counts = np.fromiter(map(len, bins), dtype=np.int64, count=len(bins))
-    return counts, np.fromiter(chain.from_iterable(bins), dtype=np.int64, count=int(counts.sum()))
 
 
 def _gather_runs(values: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> Layout:
@@ -468,7 +462,7 @@ def _repair_overflow(
     if _rehome_fails(packed, [refits[r] for r in failing], sizes=sizes, config=config,
                      num_microbatches=num_microbatches):
         return None
-    counts, flat = flat_ranks(ranks)
+    counts, flat = flat_lists(ranks)
     loads = run_sums(costs, flat, counts).tolist()
     homeless: list[int] = []
     bins_per_rank = list(packed)
