@@ -131,10 +131,8 @@ def ordered_layout(
         return np.fromiter(map(len, ordered), dtype=np.int64, count=len(ordered)), counts, flat
     per_rank = np.fromiter(map(len, ranks), dtype=np.int64, count=len(ranks))
     counts, flat = _laid_out(ranks, drain=True)
-    starts = np.cumsum(counts) - counts
+    starts, firsts = _first_samples(counts, flat)
     filled = counts > 0
-    firsts = np.full(len(counts), -1)  # an empty micro-batch's key ``[]`` comes before any ``[i]``
-    firsts[filled] = flat[starts[filled]]
     rank_ids = np.repeat(np.arange(len(per_rank)), per_rank)
     if order == "none":  # by first sample, the empty ones last in their order: one sort of distinct keys
         width = 2 * len(flat) + len(counts) + 1  # first samples, then ``len(flat)`` + each empty one's position
@@ -143,11 +141,8 @@ def ordered_layout(
         run = np.argsort(keys)
     else:
         run = _arrange_ranks(np.lexsort((firsts, run_sums(costs, flat, counts), rank_ids)), per_rank, order)
-    starts, counts = starts[run], counts[run]
-    ends = np.cumsum(counts)
-    index = np.repeat(starts - (ends - counts), counts)
-    index += np.arange(len(index))
-    return per_rank, counts, flat[index]
+    counts = counts[run]
+    return per_rank, counts, padding.gather_runs(flat, starts[run], counts)
 
 
 def _arranged(
@@ -157,11 +152,19 @@ def _arranged(
     sample counts and samples as laid out (each sorted in place), and the micro-batches' run order."""
     counts, flat = _laid_out(ranks)
     per_rank = np.fromiter(map(len, ranks), dtype=np.int64, count=len(ranks))
-    firsts = np.full(len(counts), -1)  # an empty micro-batch's key ``[]`` comes before any ``[i]``
-    filled = counts > 0
-    firsts[filled] = flat[(np.cumsum(counts) - counts)[filled]]
+    _, firsts = _first_samples(counts, flat)
     ascending = np.lexsort((firsts, run_sums(costs, flat, counts), np.repeat(np.arange(len(ranks)), per_rank)))
     return per_rank, counts, flat, _arrange_ranks(ascending, per_rank, order)
+
+
+def _first_samples(counts: np.ndarray, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each micro-batch laid out in ``flat`` starts, and its first sample (-1 for an empty one: its key
+    ``[]`` comes before any ``[i]``)."""
+    starts = np.cumsum(counts) - counts
+    filled = counts > 0
+    firsts = np.full(len(counts), -1)
+    firsts[filled] = flat[starts[filled]]
+    return starts, firsts
 
 
 LAID_OUT_BLOCK = 2048

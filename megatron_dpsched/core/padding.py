@@ -172,3 +172,12 @@ def micro_batch_arrays(bins: Sequence[Sequence[int]], sizes: np.ndarray) -> tupl
     counts = np.fromiter(map(len, bins), dtype=np.int64, count=len(bins))
     flat = np.fromiter(chain.from_iterable(bins), dtype=np.int64, count=int(counts.sum()))
     return counts, flat, *bin_figures(counts, sizes[flat])
+
+
+def gather_runs(values: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The runs ``values[start : start + count]``, in the order given, laid end to end (a plan's micro-batches
+    reordered from where their samples lie)."""
+    ends = np.cumsum(counts)
+    index = np.repeat(starts - (ends - counts), counts)
+    index += np.arange(len(index))
+    return values[index]

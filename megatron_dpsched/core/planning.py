@@ -373,20 +373,13 @@ def _plan_by_bins(
     counts[made] = made_counts
     owners = assign_bins(split, costs=costs, num_ranks=dp, balance=config.balance != "none", bin_costs=bin_costs)
     order = np.concatenate(owners)
-    return [list(map(split.__getitem__, owned.tolist())) for owned in owners], _gather_runs(
-        np.concatenate((flat, made_flat)), starts[order], counts[order])
+    counts = counts[order]
+    layout = counts, padding.gather_runs(np.concatenate((flat, made_flat)), starts[order], counts)
+    return [list(map(split.__getitem__, owned.tolist())) for owned in owners], layout
 
 
 Layout = tuple[np.ndarray, np.ndarray]
 """A plan's micro-batches' sample counts (rank by rank, in plan order) and all its samples in that order."""
-
-
-def _gather_runs(values: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> Layout:
-    """The runs ``values[start : start + count]``, in the order given, laid end to end; with their counts."""
-    ends = np.cumsum(counts)
-    index = np.repeat(starts - (ends - counts), counts)
-    index += np.arange(len(index))
-    return counts, values[index]
 
 
 def _assign_and_pack(
