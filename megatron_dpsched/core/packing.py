@@ -100,7 +100,7 @@ def first_fit(items: Sequence[int], sizes: Sequence[int], cap: int) -> list[list
     return bins
 
 
-FIRST_FIT_PROBE = 4096
+FIRST_FIT_PROBE = 256
 """Samples :func:`first_fit_below` places (by default) before it first asks whether first fit can still end below
 its limit."""
 
