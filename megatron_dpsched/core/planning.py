@@ -333,7 +333,8 @@ def _first_fitting_count(
 def _global_packing(sizes: list[int], config: ScheduleConfig) -> list[list[int]]:
     """The better of best-fit decreasing and first fit in arrival order over the whole step (so never more
     micro-batches per rank than a global first fit; best fit alone where its count per rank is step 2's lower
-    bound, which first fit cannot beat); with ``padded_rows`` the chunking of
+    bound, which first fit cannot beat, or on ties; first fit stops once a prefix shows it cannot end with
+    fewer, :func:`~megatron_dpsched.core.packing.first_fit_below`); with ``padded_rows`` the chunking of
     :func:`~megatron_dpsched.core.packing.chunk_decreasing` (the fewest)."""
     items, cap = range(len(sizes)), config.token_cap
     if config.padded_rows:
