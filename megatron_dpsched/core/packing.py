@@ -94,12 +94,64 @@ def best_fit_decreasing(
 def first_fit(items: Sequence[int], sizes: Sequence[int], cap: int) -> list[list[int]]:
     """First fit in arrival order (O(n log n)); a sample over the cap gets its own micro-batch.
 
-    The micro-batches' rooms sit in a max segment tree (a flat list, leaves from ``width``; ``-1`` for a
-    micro-batch not yet opened or an oversize sample's, which stays full): the first with room for a sample is
-    found from the root down, and a changed room is carried up while it changes a parent. Inlined: one loop."""
+    The micro-batches' rooms sit in a max segment tree (:func:`_first_fit_into`)."""
     bins: list[list[int]] = []
-    width = 1 << max(0, len(items) - 1).bit_length()
-    tree = [-1] * (2 * width)
+    _first_fit_into(items, sizes, cap, bins=bins, tree=_room_tree(len(items)))
+    return bins
+
+
+FIRST_FIT_PROBE = 256
+"""Samples :func:`first_fit_below` places (by default) before it first asks whether first fit can still end below
+its limit."""
+
+
+def first_fit_below(
+    items: Sequence[int], sizes: Sequence[int], cap: int, *, limit: int, probe: int = FIRST_FIT_PROBE
+) -> list[list[int]] | None:
+    """:func:`first_fit`'s micro-batches if there are fewer than ``limit`` of them, else ``None``, often known
+    from a prefix.
+
+    First fit never closes a micro-batch, and no two samples longer than half the cap share one: a later such
+    sample joins one of a prefix's micro-batches only where that one's room is over half the cap, one each. So
+    first fit ends with at least the prefix's micro-batches, plus the long samples still to come less the
+    prefix's micro-batches with room over half the cap (:func:`_first_fit_floor`); the samples go in prefixes
+    doubling from ``probe`` samples, and once that floor reaches ``limit`` the rest are not placed."""
+    assert probe > 0, probe
+    bins: list[list[int]] = []
+    tree, half = _room_tree(len(items)), cap // 2  # a size s is long when 2 * s > cap, that is s > cap // 2
+    long = item_arrays(items, sizes)[1] > half
+    longs, done, stop = int(np.count_nonzero(long)), 0, probe  # longs: long samples still to place
+    while done < len(items):
+        _first_fit_into(items[done:stop], sizes, cap, bins=bins, tree=tree)
+        longs -= int(np.count_nonzero(long[done:stop]))
+        done, stop = min(stop, len(items)), 2 * stop
+        if done < len(items) and _first_fit_floor(tree, len(bins), half=half, longs=longs) >= limit:
+            return None
+    return bins if len(bins) < limit else None
+
+
+def _first_fit_floor(tree: list[int], opened: int, *, half: int, longs: int) -> int:
+    """The fewest micro-batches first fit can end with, from its ``opened`` micro-batches' rooms (the leaves of
+    ``tree``) and the count ``longs`` of samples over half the cap (``half``: ``cap // 2``) still to place."""
+    width = len(tree) // 2
+    roomy = int(np.count_nonzero(np.array(tree[width : width + opened]) > half))  # each takes one long sample
+    return opened + max(0, longs - roomy)
+
+
+def _room_tree(count: int) -> list[int]:
+    """An empty max segment tree of rooms for up to ``count`` micro-batches (:func:`_first_fit_into`)."""
+    return [-1] * (2 << max(0, count - 1).bit_length())
+
+
+def _first_fit_into(items: Sequence[int], sizes: Sequence[int], cap: int, *, bins: list[list[int]],
+                    tree: list[int]) -> None:
+    """First fit of ``items`` after those already in ``bins``, in place.
+
+    ``tree`` is a max segment tree of the micro-batches' rooms (a flat list, leaves from ``width``; ``-1`` for
+    a micro-batch not yet opened or an oversize sample's, which stays full): the first with room for a sample
+    is found from the root down, and a changed room is carried up while it changes a parent. Inlined: one
+    loop."""
+    width = len(tree) // 2
     for item in items:
         size = sizes[item]
         if tree[1] < size:  # fits nowhere (or over the cap): a new micro-batch
@@ -123,7 +175,6 @@ def first_fit(items: Sequence[int], sizes: Sequence[int], cap: int) -> list[list
             if tree[node] == room:
                 break  # nothing above changes either
             tree[node] = room
-    return bins
 
 
 def worst_fit_decreasing(

@@ -34,7 +34,7 @@ from megatron_dpsched.core.packing import (
     best_fit_decreasing,
     best_fit_ranks,
     bin_lower_bound,
-    first_fit,
+    first_fit_below,
     flat_lists,
     pack_ranks,
     split_owned,
@@ -333,15 +333,16 @@ def _first_fitting_count(
 def _global_packing(sizes: list[int], config: ScheduleConfig) -> list[list[int]]:
     """The better of best-fit decreasing and first fit in arrival order over the whole step (so never more
     micro-batches per rank than a global first fit; best fit alone where its count per rank is step 2's lower
-    bound, which first fit cannot beat); with ``padded_rows`` the chunking of
+    bound, which first fit cannot beat, or on ties; first fit stops once a prefix shows it cannot end with
+    fewer, :func:`~megatron_dpsched.core.packing.first_fit_below`); with ``padded_rows`` the chunking of
     :func:`~megatron_dpsched.core.packing.chunk_decreasing` (the fewest)."""
     items, cap = range(len(sizes)), config.token_cap
     if config.padded_rows:
         return best_fit_decreasing(items, sizes, cap, padded_rows=True)
-    best_fit = best_fit_decreasing(np.arange(len(sizes)), sizes, cap)  # the ids as an array: not converted again
+    best_fit = best_fit_decreasing(items, sizes, cap)
     if _bins_count(best_fit, config) <= lower_bound_microbatches(sizes, config=config):
         return best_fit  # first fit cannot lower the count per rank
-    return min(best_fit, first_fit(items, sizes, cap), key=len)
+    return first_fit_below(items, sizes, cap, limit=len(best_fit)) or best_fit  # ties: best fit
 
 
 def _plan_by_bins(
