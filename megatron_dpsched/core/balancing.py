@@ -241,11 +241,38 @@ def refine_by_moves(
     (always alone) are untouched. Every candidate sample is weighed against every target at once with NumPy
     (:class:`_Moves`); loads are running sums, as a one-by-one search keeps them.
     """
+    return _refined(plan, sizes=sizes, costs=costs, cap=cap, max_moves=max_moves, padded_rows=padded_rows,
+                    layout=layout).peak()
+
+
+def refine_laid_out(
+    plan: list[list[list[int]]],
+    *,
+    sizes: Sequence[int],
+    costs: Sequence[float],
+    cap: int,
+    max_moves: int,
+    padded_rows: bool = False,
+    layout: tuple[np.ndarray, np.ndarray],
+) -> tuple[float, tuple[np.ndarray, np.ndarray]]:
+    """:func:`refine_by_moves` of a plan whose layout is given; also returns the refined plan's layout (each
+    micro-batch's sample count and all samples in plan order, as the refined lists hold them)."""
+    moves = _refined(plan, sizes=sizes, costs=costs, cap=cap, max_moves=max_moves, padded_rows=padded_rows,
+                     layout=layout)
+    flat = np.concatenate(moves.members) if moves.members else np.zeros(0, dtype=np.int64)
+    return moves.peak(flat), (moves.counts, flat)
+
+
+def _refined(
+    plan: list[list[list[int]]], *, sizes: Sequence[int], costs: Sequence[float], cap: int, max_moves: int,
+    padded_rows: bool, layout: tuple[np.ndarray, np.ndarray] | None,
+) -> _Moves:
+    """The state of :func:`refine_by_moves` once its moves are made."""
     moves = _Moves(plan, sizes=sizes, costs=costs, cap=cap, padded_rows=padded_rows, layout=layout)
     for _ in range(max_moves):
         if not moves.step():
             break
-    return moves.peak()
+    return moves
 
 
 TARGETS = 8
@@ -280,10 +307,12 @@ class _Moves:
         return padding.rooms(counts=self.counts[at], fills=self.fills[at], longest=self.longest[at], cap=self.cap,
                              padded_rows=self.padded_rows)
 
-    def peak(self) -> float:
-        """:func:`peak_cost` of the plan: each rank's ``members`` are its samples in plan order."""
+    def peak(self, flat: np.ndarray | None = None) -> float:
+        """:func:`peak_cost` of the plan: each rank's ``members`` are its samples in plan order (``flat``: them
+        laid end to end, where made)."""
         counts = np.fromiter(map(len, self.members), dtype=np.int64, count=len(self.members))
-        return float(run_sums(self.costs, np.concatenate(self.members), counts).max(initial=0.0))
+        flat = np.concatenate(self.members) if flat is None else flat
+        return float(run_sums(self.costs, flat, counts).max(initial=0.0))
 
     def step(self) -> bool:
         """Make the best move off the busiest rank; ``False`` when none lowers its cost."""

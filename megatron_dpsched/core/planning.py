@@ -23,6 +23,7 @@ from megatron_dpsched.core.balancing import (
     peak_cost,
     python_sums,
     refine_by_moves,
+    refine_laid_out,
     run_sums,
 )
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
@@ -62,7 +63,7 @@ def plan_step(
     ``pad_multiple`` tokens to a sample (and packed attention runs on the real ``cu_seqlens``); and the
     lengths are what the plan stores, fingerprints and checks against the data.
     """
-    ranks, local_costs = _plan_positions(samples, lengths=lengths, costs=costs, config=config)
+    ranks, local_costs, _ = _plan_positions(samples, lengths=lengths, costs=costs, config=config)
     if config.step_time_model is None:  # every rank at once
         ranks = order_ranks(ranks, local_costs, config.microbatch_order, run_sums=run_sums)
     first = samples[0]
@@ -83,9 +84,10 @@ def plan_step_layout(
     samples: Sequence[int], *, lengths: Sequence[int], costs: Sequence[float], config: ScheduleConfig
 ) -> StepLayout:
     """:func:`plan_step` as a :data:`StepLayout`: the same plan, its micro-batches never made as global ids."""
-    ranks, local_costs = _plan_positions(samples, lengths=lengths, costs=costs, config=config)
+    ranks, local_costs, layout = _plan_positions(samples, lengths=lengths, costs=costs, config=config)
     if config.step_time_model is None:
-        per_rank, counts, flat = ordered_layout(ranks, local_costs, config.microbatch_order, run_sums=run_sums)
+        per_rank, counts, flat = ordered_layout(ranks, local_costs, config.microbatch_order, run_sums=run_sums,
+                                                layout=layout)
     else:
         per_rank = np.fromiter(map(len, ranks), dtype=np.int64, count=len(ranks))
         counts, flat = flat_lists(list(chain.from_iterable(ranks)))
@@ -97,9 +99,9 @@ def plan_step_layout(
 
 def _plan_positions(
     samples: Sequence[int], *, lengths: Sequence[int], costs: Sequence[float], config: ScheduleConfig
-) -> tuple[list[RankPlan], Sequence[float]]:
+) -> tuple[list[RankPlan], Sequence[float], Layout | None]:
     """Steps 2-6 (step 7 too, which returns its plan in run order) of one step, in positions within the step;
-    with the step's costs."""
+    with the step's costs and, where step 5 made it, the plan's :data:`Layout`."""
     first = samples[0]
     contiguous = samples[-1] - first + 1 == len(samples)  # sorted and distinct: a range
     if contiguous and first == 0 and len(samples) == len(lengths):
@@ -111,13 +113,14 @@ def _plan_positions(
         local_lengths, local_costs = [lengths[i] for i in samples], [costs[i] for i in samples]
     local_sizes = padding.step_sizes(local_lengths, pad_multiple=config.pad_multiple)
     local_costs = padding.array_tuple(local_costs, np.float64)
+    layout = None
     if config.micro_batch_size is not None:
         ranks = _plan_static(local_sizes, local_costs, config=config)
     else:
-        ranks = _plan_dynamic(local_sizes, local_costs, config=config)
+        ranks, layout = _plan_dynamic(local_sizes, local_costs, config=config)
     if config.step_time_model is not None:  # step 7 returns its plan in run order
-        ranks = _plan_step_time(ranks, local_sizes, local_costs, config=config)
-    return ranks, local_costs
+        ranks, layout = _plan_step_time(ranks, local_sizes, local_costs, config=config), None
+    return ranks, local_costs, layout
 
 
 def lower_bound_microbatches(sizes: Sequence[int], *, config: ScheduleConfig) -> int:
@@ -175,8 +178,11 @@ dearest sample)``; a larger micro-batch count must cut the busiest rank's cost b
 to be chosen."""
 
 
-def _plan_dynamic(sizes: list[int], costs: list[float], *, config: ScheduleConfig) -> list[RankPlan]:
-    """Steps 3-5 with a token cap: the smallest count that balances, within the count of one global packing.
+def _plan_dynamic(
+    sizes: list[int], costs: list[float], *, config: ScheduleConfig
+) -> tuple[list[RankPlan], Layout | None]:
+    """Steps 3-5 with a token cap: the smallest count that balances, within the count of one global packing;
+    with the plan's :data:`Layout` where the plan is :func:`_plan_by_bins`' (else ``None``).
 
     Steps 3-4 at ``M`` (step 2); a balanced plan (:data:`BALANCE_TOLERANCE`) is kept. Otherwise (a rank
     overflowed, or the cap kept ranks from balancing: heavy tails at high fill) the next legal counts are
@@ -190,12 +196,12 @@ def _plan_dynamic(sizes: list[int], costs: list[float], *, config: ScheduleConfi
     ``balance="none"`` goes straight to it.
     """
     if config.balance == "none":
-        return _plan_by_bins(_global_packing(sizes, config), sizes, costs, config=config)[0]
+        return _plan_by_bins(_global_packing(sizes, config), sizes, costs, config=config)
     num_microbatches = lower = lower_bound_microbatches(sizes, config=config)
     if len(sizes) <= config.dp_size:  # balanced: the busiest rank costs the dearest sample
         plan = _one_per_rank(sizes, costs, config=config, num_microbatches=num_microbatches)
         if plan is not None:
-            return plan
+            return plan, None
     balanced = _balanced_peak(costs, config)
     plan = _assign_and_pack(sizes, costs, config=config, num_microbatches=num_microbatches)
     global_bins: list[list[int]] | None = None
@@ -204,25 +210,24 @@ def _plan_dynamic(sizes: list[int], costs: list[float], *, config: ScheduleConfi
         global_bins = _global_packing(sizes, config)
         upper = _bins_count(global_bins, config)
         num_microbatches, plan = _first_fitting_count(sizes, costs, config=config, low=num_microbatches, high=upper)
-    best, best_peak = None, math.inf
+    best, best_peak, best_layout = None, math.inf, None
     stale = 0  # larger counts tried in a row without a better plan
     while True:
-        peak = peak_cost(plan, costs)
+        peak, layout = peak_cost(plan, costs), None
         if peak > balanced:
             global_bins = global_bins or _global_packing(sizes, config)
             upper = _bins_count(global_bins, config)
-            layout = None
             if plan is None and best is None and num_microbatches >= upper:
                 plan, layout = _plan_by_bins(global_bins, sizes, costs, config=config)
             if plan is not None:
-                peak = _refine(plan, sizes, costs, config=config, layout=layout)
+                peak, layout = _refine(plan, sizes, costs, config=config, layout=layout)
         stale = stale + 1 if best is not None else 0
         if peak < best_peak * (1 - BALANCE_TOLERANCE):
-            best, best_peak, stale = plan, peak, 0
+            best, best_peak, best_layout, stale = plan, peak, layout, 0
         if best_peak <= balanced or stale >= MAX_STALE_COUNTS:
-            return best
+            return best, best_layout
         if best is not None and num_microbatches >= _reach(best, costs, config=config, upper=upper, lower_bound=lower):
-            return best
+            return best, best_layout
         num_microbatches = config.layout.next_legal(num_microbatches)
         plan = _assign_and_pack(sizes, costs, config=config, num_microbatches=num_microbatches)
         if (plan is not None and not config.balance_growth
@@ -277,13 +282,17 @@ def _balanced_peak(costs: list[float], config: ScheduleConfig) -> float:
 
 def _refine(
     plan: list[RankPlan], sizes: list[int], costs: list[float], *, config: ScheduleConfig, layout: Layout | None = None
-) -> float:
+) -> tuple[float, Layout | None]:
     """Step 5's refinement (:func:`~megatron_dpsched.core.balancing.refine_by_moves`, in place): single samples
     move off the busiest rank into a lighter rank's micro-batch with room while that lowers the busiest rank's
     cost, at most ``4 * dp_size`` moves; returns the refined plan's busiest rank's cost
-    (:func:`~megatron_dpsched.core.balancing.peak_cost`). ``layout``: the plan's :data:`Layout`, if known."""
-    return refine_by_moves(plan, sizes=sizes, costs=costs, cap=config.token_cap, max_moves=4 * config.dp_size,
-                           padded_rows=config.padded_rows, layout=layout)
+    (:func:`~megatron_dpsched.core.balancing.peak_cost`) and, when the plan's :data:`Layout` is given, the
+    refined plan's."""
+    kwargs = {"sizes": sizes, "costs": costs, "cap": config.token_cap, "max_moves": 4 * config.dp_size,
+              "padded_rows": config.padded_rows}
+    if layout is None:
+        return refine_by_moves(plan, **kwargs), None
+    return refine_laid_out(plan, **kwargs, layout=layout)
 
 
 def _bins_count(bins: list[list[int]], config: ScheduleConfig) -> int:

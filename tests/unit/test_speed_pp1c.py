@@ -1,0 +1,58 @@
+"""Step 5's fallback plan kept as arrays: ``refine_laid_out``'s layout is that of the refined lists, and
+``sorted_runs`` sorts each micro-batch as ``sorted`` does."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from megatron_dpsched.core.balancing import refine_by_moves, refine_laid_out
+from megatron_dpsched.core.ordering import sorted_runs
+
+
+def _plan(rng: random.Random, *, cap: int, padded_rows: bool) -> tuple[list[list[list[int]]], list[int]]:
+    ranks, bins = rng.randint(1, 12), rng.randint(1, 5)
+    sizes = [rng.choice((rng.randint(1, cap // 4), cap // 5, cap // 10)) for _ in range(ranks * bins * 3)]
+    plan: list[list[list[int]]] = [[[] for _ in range(bins)] for _ in range(ranks)]
+    for item in rng.sample(range(len(sizes)), len(sizes)):  # lopsided: the first ranks get the most
+        mb = plan[min(int(rng.expovariate(0.5)), ranks - 1)][rng.randrange(bins)]
+        fits = cap - sum(sizes[i] for i in mb) >= sizes[item] if not padded_rows else \
+            (len(mb) + 1) * max([sizes[item], *(sizes[i] for i in mb)]) <= cap
+        if fits:
+            mb.append(item)
+    return plan, sizes
+
+
+def _layout(plan: list[list[list[int]]]) -> tuple[np.ndarray, np.ndarray]:
+    batches = [mb for rank in plan for mb in rank]
+    return (np.array([len(mb) for mb in batches], dtype=np.int64),
+            np.array([i for mb in batches for i in mb], dtype=np.int64))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_refine_laid_out_is_refine_by_moves_with_the_refined_layout(seed: int) -> None:
+    rng = random.Random(f"laid-out-{seed}")
+    cap, padded_rows = rng.choice((100, 1000)), seed % 3 == 0
+    plan, sizes = _plan(rng, cap=cap, padded_rows=padded_rows)
+    costs = [float(s) + (s * s) / 500 if seed % 2 else float(rng.randint(1, 4)) for s in sizes]
+    expected = [[list(mb) for mb in rank] for rank in plan]
+    kwargs = {"sizes": sizes, "costs": costs, "cap": cap, "max_moves": 4 * len(plan), "padded_rows": padded_rows}
+    expected_peak = refine_by_moves(expected, **kwargs)
+    peak, (counts, flat) = refine_laid_out(plan, **kwargs, layout=_layout(plan))
+    assert plan == expected
+    assert peak == expected_peak
+    assert counts.tolist() == _layout(expected)[0].tolist()
+    assert flat.tolist() == _layout(expected)[1].tolist()
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_sorted_runs_sorts_each_micro_batch(seed: int) -> None:
+    rng = random.Random(f"runs-{seed}")
+    ids = rng.sample(range(rng.randint(0, 300) * rng.choice((1, 3))), rng.randint(0, 60))  # gaps in the ids
+    batches: list[list[int]] = [[] for _ in range(rng.randint(1, 20))]
+    for i in ids:
+        rng.choice(batches).append(i)
+    counts, flat = _layout([batches])
+    assert sorted_runs(counts, flat).tolist() == [i for mb in batches for i in sorted(mb)]
