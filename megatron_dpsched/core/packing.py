@@ -18,7 +18,7 @@ from itertools import accumulate, chain, pairwise
 import numpy as np
 
 from megatron_dpsched.core.fits import best_fit_owners, chunk_starts, decreasing_order, item_arrays
-from megatron_dpsched.core.padding import collated_size, collated_sizes
+from megatron_dpsched.core.padding import bin_figures, collated_size, collated_sizes, micro_batch_arrays
 
 
 def bin_lower_bound(sizes: Sequence[int], cap: int, *, padded_rows: bool = False) -> int:
@@ -253,23 +253,72 @@ def pack_ranks(
     best-fit pass on all ranks where worst fit overflowed (:func:`best_fit_ranks`). ``refits``, when given,
     receives the best-fit (or chunked) micro-batches of the ranks that do not fit, where this pass made them.
     A rank's items may be a NumPy array (:func:`~megatron_dpsched.core.balancing.lpt_ranks`)."""
+    return pack_rank_arrays(ranks, sizes, cap, num_bins, padded_rows=padded_rows, refits=refits).lists()
+
+
+def pack_rank_arrays(
+    ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int, num_bins: int, *, padded_rows: bool = False,
+    refits: Refits | None = None,
+) -> PackedRanks:
+    """:func:`pack_ranks` as :class:`PackedRanks`: the worst-fit pass's micro-batches made lists only when asked."""
     total, width = sum(len(items) for items in ranks), max((len(items) for items in ranks), default=0)
     if padded_rows:
-        return [_fit_or_refit(rank, bins, sizes, num_bins, padded_rows=True, refits=refits)
-                for rank, bins in enumerate(_chunk_ranks(ranks, sizes, cap))]
+        return PackedRanks([_fit_or_refit(rank, bins, sizes, num_bins, padded_rows=True, refits=refits)
+                            for rank, bins in enumerate(_chunk_ranks(ranks, sizes, cap))])
     if len(ranks) < VECTOR_RANKS or width * len(ranks) > 4 * total + 65536:
-        return [pack_into(items.tolist() if isinstance(items, np.ndarray) else items, sizes, cap, num_bins)
-                for items in ranks]
+        return PackedRanks([pack_into(items.tolist() if isinstance(items, np.ndarray) else items, sizes, cap,
+                                      num_bins) for items in ranks])
     layout = _rank_grid(ranks, sizes)
-    packed = _worst_fit_ranks(ranks, sizes, cap, num_bins, layout=layout)
-    overflowed = [r for r, bins in enumerate(packed) if bins is None]  # pack_into's worst fit fails there too
-    if not overflowed:
-        return packed
-    subset = _grid_subset(layout, np.array([bins is None for bins in packed], dtype=bool))
-    best_fits = _best_fit_arrays([ranks[r] for r in overflowed], sizes, cap, layout=subset)
-    for r, bins in zip(overflowed, best_fits, strict=True):
-        packed[r] = _fit_or_refit(r, bins, sizes, num_bins, padded_rows=False, refits=refits)
+    packed = _worst_fit_packed(ranks, sizes, cap, num_bins, layout=layout)
+    overflowed = np.flatnonzero(~packed.worst).tolist()  # pack_into's worst fit fails there too
+    if overflowed:
+        subset = _grid_subset(layout, ~packed.worst)
+        best_fits = _best_fit_arrays([ranks[r] for r in overflowed], sizes, cap, layout=subset)
+        for r, bins in zip(overflowed, best_fits, strict=True):
+            packed.packed[r] = _fit_or_refit(r, bins, sizes, num_bins, padded_rows=False, refits=refits)
     return packed
+
+
+class PackedRanks:
+    """Every rank's micro-batches from :func:`pack_rank_arrays`: ``packed`` per rank its micro-batches as lists
+    (``None``: it does not fit, or worst fit packed it); the ranks worst fit packed (``worst``) have theirs as
+    arrays, made lists by :meth:`lists`: their samples bin by bin (``members``), each of their ranks'
+    ``num_bins`` micro-batches' sample count (``bin_counts``, ranks in order)."""
+
+    __slots__ = ("packed", "worst", "members", "bin_counts")
+
+    def __init__(self, packed: list[list[list[int]] | None], *, worst: np.ndarray | None = None,
+                 members: np.ndarray | None = None, bin_counts: np.ndarray | None = None) -> None:
+        self.packed = packed
+        self.worst = np.zeros(len(packed), dtype=bool) if worst is None else worst
+        self.members = np.zeros(0, dtype=np.int64) if members is None else members
+        self.bin_counts = np.zeros(0, dtype=np.int64) if bin_counts is None else bin_counts
+
+    def failing(self) -> list[int]:
+        """The ranks that do not fit, in order."""
+        return [r for r, bins in enumerate(self.packed) if bins is None and not self.worst[r]]
+
+    def lists(self) -> list[list[list[int]] | None]:
+        """Every rank's micro-batches as lists (``None`` where it does not fit); the arrays are let go."""
+        if self.worst.any():
+            bins, num_bins = runs_of(self.members.tolist(), self.bin_counts), len(self.bin_counts) // len(self.worst)
+            for r in np.flatnonzero(self.worst).tolist():
+                self.packed[r] = bins[r * num_bins : (r + 1) * num_bins]
+            self.worst = np.zeros(len(self.packed), dtype=bool)
+            self.members, self.bin_counts = self.members[:0], self.bin_counts[:0]
+        return self.packed
+
+    def figures(self, size_array: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each micro-batch's sample count, planned tokens and longest planned size, over every rank that fits
+        (lists first, then the worst-fit ranks' arrays)."""
+        fitting = list(chain.from_iterable(bins for bins in self.packed if bins is not None))
+        counts, _, fills, longest = micro_batch_arrays(fitting, size_array)
+        if not self.worst.any():
+            return counts, fills, longest
+        worst_counts = self.bin_counts.reshape(len(self.worst), -1)[self.worst].ravel()
+        worst_fills, worst_longest = bin_figures(worst_counts, size_array[self.members])
+        return (np.concatenate((counts, worst_counts)), np.concatenate((fills, worst_fills)),
+                np.concatenate((longest, worst_longest)))
 
 
 def _fit_or_refit(
@@ -351,10 +400,17 @@ VECTOR_RANKS = 16
 def _worst_fit_ranks(
     ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int, num_bins: int, *, layout: Grid | None = None
 ) -> list[list[list[int]] | None]:
-    """:func:`worst_fit_decreasing` of every rank, ``None`` for a rank whose pass overflows: step ``t`` hands
-    every rank its ``t``-th longest item (ties in the rank's order), each to its lightest micro-batch (the
-    first of equals), so the choices are the heap's (``layout``: :func:`_rank_grid` of the ranks, if known).
-    Ranks that failed leave the step's arrays once they are a quarter of those still there."""
+    """:func:`_worst_fit_packed` with every rank's micro-batches as lists."""
+    return _worst_fit_packed(ranks, sizes, cap, num_bins, layout=layout).lists()
+
+
+def _worst_fit_packed(
+    ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int, num_bins: int, *, layout: Grid | None = None
+) -> PackedRanks:
+    """:func:`worst_fit_decreasing` of every rank (the ranks that fit as :class:`PackedRanks`' arrays, the others
+    ``None``): step ``t`` hands every rank its ``t``-th longest item (ties in the rank's order), each to its
+    lightest micro-batch (the first of equals), so the choices are the heap's (``layout``: :func:`_rank_grid` of
+    the ranks, if known). Ranks that failed leave the step's arrays once they are a quarter of those still there."""
     flat_items, item_sizes, owner, column, grid = layout or _rank_grid(ranks, sizes)
     width, full = grid.shape[0], 1 << 62  # an oversize sample's micro-batch: full
     loads = np.zeros((len(ranks), num_bins), dtype=np.int64)  # the live ranks' micro-batches' loads
@@ -389,13 +445,14 @@ def _worst_fit_ranks(
             if not len(live):
                 break
     if failed.all():
-        return [None] * len(ranks)
+        return PackedRanks([None] * len(ranks))
     key = owner * num_bins + chosen[column, owner]
     if failed.any():  # a failed rank's bins are never read
         keep = ~failed[owner]
         flat_items, key = flat_items[keep], key[keep]
-    bins = _gather_bins(flat_items, key, len(ranks) * num_bins)
-    return [None if failed[r] else bins[r * num_bins : (r + 1) * num_bins] for r in range(len(ranks))]
+    key = key.astype(small_int(len(ranks) * num_bins))
+    return PackedRanks([None] * len(ranks), worst=~failed, members=flat_items[np.argsort(key, kind="stable")],
+                       bin_counts=np.bincount(key, minlength=len(ranks) * num_bins))
 
 
 Grid = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]

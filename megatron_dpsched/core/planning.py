@@ -31,13 +31,14 @@ from megatron_dpsched.core.objective import MAX_STALE_COUNTS, count_bound, plan_
 from megatron_dpsched.core.ordering import order_ranks, ordered_layout
 from megatron_dpsched.core.packing import (
     BinArrays,
+    PackedRanks,
     Refits,
     best_fit_decreasing,
     best_fit_ranks,
     bin_lower_bound,
     first_fit,
     flat_lists,
-    pack_ranks,
+    pack_rank_arrays,
     split_owned,
     split_to_count,
 )
@@ -413,9 +414,9 @@ def _assign_and_pack(
     if ranks is None:
         return None
     refits: Refits = {}
-    packed = pack_ranks(ranks, sizes, cap, num_microbatches, padded_rows=rows, refits=refits)
-    if all(bins is not None for bins in packed):
-        return packed
+    packed = pack_rank_arrays(ranks, sizes, cap, num_microbatches, padded_rows=rows, refits=refits)
+    if not packed.failing():
+        return packed.lists()
     return _repair_overflow(ranks, packed, sizes, costs, config=config, num_microbatches=num_microbatches,
                             refits=refits)
 
@@ -440,7 +441,7 @@ def _one_per_rank(
 
 def _repair_overflow(
     ranks: list[np.ndarray],
-    packed: list[RankPlan | None],
+    packed: PackedRanks | list[RankPlan | None],
     sizes: list[int],
     costs: list[float],
     *,
@@ -450,9 +451,12 @@ def _repair_overflow(
 ) -> list[RankPlan] | None:
     """A rank whose samples need more than ``num_microbatches`` micro-batches hands the samples of its emptiest
     ones (best-fit decreasing, by collated size) to the least-loaded ranks with room; ``None`` if one fits nowhere.
-    ``refits``: those micro-batches where :func:`~megatron_dpsched.core.packing.pack_ranks` made them."""
+    ``refits``: those micro-batches where :func:`~megatron_dpsched.core.packing.pack_ranks` made them. ``packed``:
+    each rank's micro-batches (``None`` where it does not fit), as lists or as
+    :class:`~megatron_dpsched.core.packing.PackedRanks` (made lists only once the repair may succeed)."""
     cap, rows = config.token_cap, config.padded_rows
-    failing = [rank for rank, bins in enumerate(packed) if bins is None]
+    packed = packed if isinstance(packed, PackedRanks) else PackedRanks(list(packed))
+    failing = packed.failing()
     missing = [rank for rank in failing if rank not in refits]
     if rows:
         refits.update((r, BinArrays.of(bins, collated_sizes(bins, sizes, padded_rows=True)))
@@ -467,7 +471,7 @@ def _repair_overflow(
     counts, flat = flat_lists(ranks)
     loads = run_sums(costs, flat, counts).tolist()
     homeless: list[int] = []
-    bins_per_rank = list(packed)
+    bins_per_rank = list(packed.lists())
     for rank, (bins, collated) in ((r, (refits[r].bins(), refits[r].loads.tolist())) for r in failing):
         order = sorted(range(len(bins)), key=lambda b: -collated[b])
         for item in (i for b in order[num_microbatches:] for i in bins[b]):
@@ -481,7 +485,7 @@ def _repair_overflow(
 
 
 def _rehome_fails(
-    packed: list[RankPlan | None], refitted: list[BinArrays], *, sizes: Sequence[int], config: ScheduleConfig,
+    packed: PackedRanks, refitted: list[BinArrays], *, sizes: Sequence[int], config: ScheduleConfig,
     num_microbatches: int,
 ) -> bool:
     """Whether :func:`_rehome` fails for certain, from the micro-batches' rooms and the homeless samples' sizes
@@ -490,7 +494,8 @@ def _rehome_fails(
     ``t``, for some ``t`` over half the widest room (two such never share one).
 
     ``refitted``: each failing rank's refit micro-batches; its ``num_microbatches`` fullest (ties: the first)
-    stay, the others' samples are homeless. ``packed``: the ranks that fit, ``None`` else."""
+    stay, the others' samples are homeless. ``packed``: the ranks' micro-batches (``None`` where one does not
+    fit)."""
     cap, rows, size_array = config.token_cap, config.padded_rows, np.asarray(sizes, dtype=np.int64)
     collated = np.concatenate([bins.loads for bins in refitted]) if refitted else np.zeros(0, dtype=np.int64)
     counts = np.concatenate([bins.counts for bins in refitted]) if refitted else np.zeros(0, dtype=np.int64)
@@ -500,8 +505,7 @@ def _rehome_fails(
     stays[order] = np.arange(len(order)) - np.repeat(np.cumsum(per_rank) - per_rank, per_rank) < num_microbatches
     members = np.concatenate([bins.members for bins in refitted]) if refitted else np.zeros(0, dtype=np.int64)
     homeless = size_array[members[~np.repeat(stays, counts)]]
-    fitting = list(chain.from_iterable(bins for bins in packed if bins is not None))
-    fit_counts, _, fills, longest = padding.micro_batch_arrays(fitting, size_array)
+    fit_counts, fills, longest = packed.figures(size_array)
     kept_longest = collated[stays] // np.maximum(counts[stays], 1) if rows else collated[stays]
     rooms = padding.rooms(counts=np.concatenate((counts[stays], fit_counts)),
                           fills=np.concatenate((collated[stays], fills)),
