@@ -85,7 +85,7 @@ def plan_step_layout(
     samples: Sequence[int], *, lengths: Sequence[int], costs: Sequence[float], config: ScheduleConfig
 ) -> StepLayout:
     """:func:`plan_step` as a :data:`StepLayout`: the same plan, its micro-batches never made as global ids."""
-    ranks, local_costs, layout = _plan_positions(samples, lengths=lengths, costs=costs, config=config)
+    ranks, local_costs, layout = _plan_positions(samples, lengths=lengths, costs=costs, config=config, laid_out=True)
     if config.step_time_model is None:
         per_rank, counts, flat = ordered_layout(ranks, local_costs, config.microbatch_order, run_sums=run_sums,
                                                 layout=layout)
@@ -99,10 +99,12 @@ def plan_step_layout(
 
 
 def _plan_positions(
-    samples: Sequence[int], *, lengths: Sequence[int], costs: Sequence[float], config: ScheduleConfig
-) -> tuple[list[RankPlan], Sequence[float], Layout | None]:
+    samples: Sequence[int], *, lengths: Sequence[int], costs: Sequence[float], config: ScheduleConfig,
+    laid_out: bool = False,
+) -> tuple[list[RankPlan], Sequence[float], StepLayout | None]:
     """Steps 2-6 (step 7 too, which returns its plan in run order) of one step, in positions within the step;
-    with the step's costs and, where step 5 made it, the plan's :data:`Layout`."""
+    with the step's costs. ``laid_out``: where step 5's plan has its layout (:func:`_plan_dynamic`), it comes as
+    a :data:`StepLayout` in plan order instead of lists (``[]``)."""
     first = samples[0]
     contiguous = samples[-1] - first + 1 == len(samples)  # sorted and distinct: a range
     if contiguous and first == 0 and len(samples) == len(lengths):
@@ -118,7 +120,9 @@ def _plan_positions(
     if config.micro_batch_size is not None:
         ranks = _plan_static(local_sizes, local_costs, config=config)
     else:
-        ranks, layout = _plan_dynamic(local_sizes, local_costs, config=config)
+        laid_out = laid_out and config.step_time_model is None and (  # what ordered_layout takes
+            config.microbatch_order == "none" or padding.all_floats(local_costs))
+        ranks, layout = _plan_dynamic(local_sizes, local_costs, config=config, laid_out=laid_out)
     if config.step_time_model is not None:  # step 7 returns its plan in run order
         ranks, layout = _plan_step_time(ranks, local_sizes, local_costs, config=config), None
     return ranks, local_costs, layout
@@ -180,10 +184,11 @@ to be chosen."""
 
 
 def _plan_dynamic(
-    sizes: list[int], costs: list[float], *, config: ScheduleConfig
-) -> tuple[list[RankPlan], Layout | None]:
-    """Steps 3-5 with a token cap: the smallest count that balances, within the count of one global packing;
-    with the plan's :data:`Layout` where the plan is :func:`_plan_by_bins`' (else ``None``).
+    sizes: list[int], costs: list[float], *, config: ScheduleConfig, laid_out: bool = False
+) -> tuple[list[RankPlan], StepLayout | None]:
+    """Steps 3-5 with a token cap: the smallest count that balances, within the count of one global packing.
+    With ``laid_out``, a plan of :func:`_plan_by_bins` comes as its :data:`StepLayout` in plan order and no lists
+    (``[]``, :func:`_let_go`); else the plan's lists and ``None``.
 
     Steps 3-4 at ``M`` (step 2); a balanced plan (:data:`BALANCE_TOLERANCE`) is kept. Otherwise (a rank
     overflowed, or the cap kept ranks from balancing: heavy tails at high fill) the next legal counts are
@@ -197,7 +202,8 @@ def _plan_dynamic(
     ``balance="none"`` goes straight to it.
     """
     if config.balance == "none":
-        return _plan_by_bins(_global_packing(sizes, config), sizes, costs, config=config)
+        global_bins = _global_packing(sizes, config)
+        return _let_go(*_plan_by_bins(global_bins, sizes, costs, config=config), laid_out=laid_out)
     num_microbatches = lower = lower_bound_microbatches(sizes, config=config)
     if len(sizes) <= config.dp_size:  # balanced: the busiest rank costs the dearest sample
         plan = _one_per_rank(sizes, costs, config=config, num_microbatches=num_microbatches)
@@ -226,14 +232,26 @@ def _plan_dynamic(
         if peak < best_peak * (1 - BALANCE_TOLERANCE):
             best, best_peak, best_layout, stale = plan, peak, layout, 0
         if best_peak <= balanced or stale >= MAX_STALE_COUNTS:
-            return best, best_layout
+            return _let_go(best, best_layout, laid_out=laid_out)
         if best is not None and num_microbatches >= _reach(best, costs, config=config, upper=upper, lower_bound=lower):
-            return best, best_layout
+            return _let_go(best, best_layout, laid_out=laid_out)
         num_microbatches = config.layout.next_legal(num_microbatches)
         plan = _assign_and_pack(sizes, costs, config=config, num_microbatches=num_microbatches)
         if (plan is not None and not config.balance_growth
                 and num_microbatches > max(upper, count_bound(plan, config=config, lower_bound=lower))):
             plan = None  # past ``U`` for a tail: each plan within its own ``B``
+
+
+def _let_go(plan: list[RankPlan], layout: Layout | None, *, laid_out: bool) -> tuple[list[RankPlan], StepLayout | None]:
+    """:func:`_plan_dynamic`'s result: with ``laid_out`` and ``layout`` known, the plan's :data:`StepLayout` and no
+    lists. The ranks' lists are let go here, while the caller's global packing still holds the micro-batches (in
+    the order they were made), so these are freed in that order when it returns: freed rank by rank, in the
+    order dealt, they would be read from all over memory (several times slower)."""
+    if not laid_out or layout is None:
+        return plan, None
+    per_rank = np.fromiter(map(len, plan), dtype=np.int64, count=len(plan))
+    plan.clear()
+    return [], (per_rank, *layout)
 
 
 def _reach(best: list[RankPlan], costs: list[float], *, config: ScheduleConfig, upper: int, lower_bound: int) -> int:
