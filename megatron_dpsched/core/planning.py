@@ -387,6 +387,7 @@ def _plan_by_bins(
     size_array = np.asarray(sizes, dtype=np.int64)
     loads = padding.collated_of(counts, size_array[flat], padded_rows=rows)
     split = split_owned(list(bins), sizes, num_microbatches * dp, padded_rows=rows, loads=loads)
+    del loads  # each array goes as soon as it is read: this is the fallback's peak of memory
     made = np.flatnonzero(np.fromiter(map(is_not, bins, split), dtype=bool, count=len(bins))).tolist()
     made += range(len(bins), len(split))
     made_counts, made_flat = flat_lists([split[b] for b in made])
@@ -400,9 +401,12 @@ def _plan_by_bins(
     counts = np.concatenate((counts, np.zeros(len(split) - len(bins), dtype=np.int64)))
     counts[made] = made_counts
     owners = assign_bins(split, costs=costs, num_ranks=dp, balance=config.balance != "none", bin_costs=bin_costs)
+    del bin_costs
     order = np.concatenate(owners)
-    counts = counts[order]
-    layout = counts, padding.gather_runs(np.concatenate((flat, made_flat)), starts[order], counts)
+    counts, starts = counts[order], starts[order]
+    flat = np.concatenate((flat, made_flat)) if len(made_flat) else flat
+    layout = counts, padding.gather_runs(flat, starts, counts)
+    del flat, starts, order
     return [list(map(split.__getitem__, owned.tolist())) for owned in owners], layout
 
 

@@ -1,5 +1,5 @@
 """Step 5's fallback plan kept as arrays: ``refine_laid_out``'s layout is that of the refined lists, and
-``sorted_runs`` sorts each micro-batch as ``sorted`` does."""
+``sorted_runs`` sorts each micro-batch as ``sorted`` does; padded sizes share one int object per value."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 
 from megatron_dpsched.core.balancing import refine_by_moves, refine_laid_out
 from megatron_dpsched.core.ordering import sorted_runs
+from megatron_dpsched.core.padding import shared_ints, step_sizes
 
 
 def _plan(rng: random.Random, *, cap: int, padded_rows: bool) -> tuple[list[list[list[int]]], list[int]]:
@@ -56,3 +57,18 @@ def test_sorted_runs_sorts_each_micro_batch(seed: int) -> None:
         rng.choice(batches).append(i)
     counts, flat = _layout([batches])
     assert sorted_runs(counts, flat).tolist() == [i for mb in batches for i in sorted(mb)]
+
+
+@pytest.mark.parametrize("values", [[], [0], [8, 16, 8, 4096, 16], [3, 2**40, 3], list(range(0, 100000, 8))])
+def test_shared_ints_are_the_values_one_object_per_distinct_value(values: list[int]) -> None:
+    array = np.array(values, dtype=np.int64)
+    shared = shared_ints(array)
+    assert shared == values and all(type(v) is int for v in shared)
+    if len(values) and max(values) < 2**20:  # a table of the values: equal values are one object
+        assert len({id(v) for v in shared}) == len(set(values))
+
+
+def test_step_sizes_with_a_pad_multiple_share_one_int_per_size() -> None:
+    sizes = step_sizes([5, 17, 3, 16, 300, 301], pad_multiple=8)
+    assert sizes == (8, 24, 8, 16, 304, 304) and sizes.values.tolist() == list(sizes)
+    assert sizes[4] is sizes[5]
