@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import accumulate, chain, pairwise
 
 import numpy as np
@@ -260,11 +260,13 @@ def pack_rank_arrays(
     ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int, num_bins: int, *, padded_rows: bool = False,
     refits: Refits | None = None,
 ) -> PackedRanks:
-    """:func:`pack_ranks` as :class:`PackedRanks`: the worst-fit pass's micro-batches made lists only when asked."""
+    """:func:`pack_ranks` as :class:`PackedRanks`: the micro-batches of worst fit, and those of best fit (or the
+    padded-rows chunks) still to split, made lists only when asked."""
     total, width = sum(len(items) for items in ranks), max((len(items) for items in ranks), default=0)
     if padded_rows:
-        return PackedRanks([_fit_or_refit(rank, bins, sizes, num_bins, padded_rows=True, refits=refits)
-                            for rank, bins in enumerate(_chunk_ranks(ranks, sizes, cap))])
+        packed = PackedRanks([None] * len(ranks))
+        packed.defer(enumerate(_chunk_ranks(ranks, sizes, cap)), sizes, num_bins, padded_rows=True, refits=refits)
+        return packed
     if len(ranks) < VECTOR_RANKS or width * len(ranks) > 4 * total + 65536:
         return PackedRanks([pack_into(items.tolist() if isinstance(items, np.ndarray) else items, sizes, cap,
                                       num_bins) for items in ranks])
@@ -274,18 +276,19 @@ def pack_rank_arrays(
     if overflowed:
         subset = _grid_subset(layout, ~packed.worst)
         best_fits = _best_fit_arrays([ranks[r] for r in overflowed], sizes, cap, layout=subset)
-        for r, bins in zip(overflowed, best_fits, strict=True):
-            packed.packed[r] = _fit_or_refit(r, bins, sizes, num_bins, padded_rows=False, refits=refits)
+        packed.defer(zip(overflowed, best_fits, strict=True), sizes, num_bins, padded_rows=False, refits=refits)
     return packed
 
 
 class PackedRanks:
     """Every rank's micro-batches from :func:`pack_rank_arrays`: ``packed`` per rank its micro-batches as lists
-    (``None``: it does not fit, or worst fit packed it); the ranks worst fit packed (``worst``) have theirs as
-    arrays, made lists by :meth:`lists`: their samples bin by bin (``members``), each of their ranks'
-    ``num_bins`` micro-batches' sample count (``bin_counts``, ranks in order)."""
+    (``None``: it does not fit, or they are still arrays); the others made lists by :meth:`lists`. The ranks worst
+    fit packed (``worst``): their samples bin by bin (``members``), each of their ranks' ``num_bins``
+    micro-batches' sample count (``bin_counts``, ranks in order). The ranks with fewer best-fit (or chunked)
+    micro-batches than the count (``pending``): those, to split (:func:`split_owned`) as ``split_by`` says (the
+    sizes, the count, ``padded_rows``)."""
 
-    __slots__ = ("packed", "worst", "members", "bin_counts")
+    __slots__ = ("packed", "worst", "members", "bin_counts", "pending", "split_by")
 
     def __init__(self, packed: list[list[list[int]] | None], *, worst: np.ndarray | None = None,
                  members: np.ndarray | None = None, bin_counts: np.ndarray | None = None) -> None:
@@ -293,13 +296,32 @@ class PackedRanks:
         self.worst = np.zeros(len(packed), dtype=bool) if worst is None else worst
         self.members = np.zeros(0, dtype=np.int64) if members is None else members
         self.bin_counts = np.zeros(0, dtype=np.int64) if bin_counts is None else bin_counts
+        self.pending: dict[int, BinArrays] = {}
+        self.split_by: tuple[Sequence[int], int, bool] = ((), 0, False)
+
+    def defer(self, fitted: Iterable[tuple[int, BinArrays]], sizes: Sequence[int], num_bins: int, *,
+              padded_rows: bool, refits: Refits | None) -> None:
+        """Ranks' best-fit (padded rows: chunked) micro-batches: pending where they are at most ``num_bins``, else
+        the rank does not fit (and they go to ``refits``, when given)."""
+        self.split_by = (sizes, num_bins, padded_rows)
+        for rank, bins in fitted:
+            if len(bins.counts) <= num_bins:
+                self.pending[rank] = bins
+            elif refits is not None:
+                refits[rank] = bins
 
     def failing(self) -> list[int]:
         """The ranks that do not fit, in order."""
-        return [r for r, bins in enumerate(self.packed) if bins is None and not self.worst[r]]
+        return [r for r, bins in enumerate(self.packed)
+                if bins is None and not self.worst[r] and r not in self.pending]
 
     def lists(self) -> list[list[list[int]] | None]:
         """Every rank's micro-batches as lists (``None`` where it does not fit); the arrays are let go."""
+        sizes, num_bins, padded_rows = self.split_by
+        for r, bins in self.pending.items():
+            self.packed[r] = split_owned(bins.bins(), sizes, num_bins, padded_rows=padded_rows,
+                                         loads=bins.loads.tolist())
+        self.pending = {}
         if self.worst.any():
             bins, num_bins = runs_of(self.members.tolist(), self.bin_counts), len(self.bin_counts) // len(self.worst)
             for r in np.flatnonzero(self.worst).tolist():
@@ -309,28 +331,36 @@ class PackedRanks:
         return self.packed
 
     def figures(self, size_array: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Each micro-batch's sample count, planned tokens and longest planned size, over every rank that fits
-        (lists first, then the worst-fit ranks' arrays)."""
+        """Each micro-batch's sample count, planned tokens and longest planned size, over every rank that fits, in
+        no particular order: the lists', the worst-fit ranks' arrays, and the pending ranks' (:meth:`_pending`)."""
         fitting = list(chain.from_iterable(bins for bins in self.packed if bins is not None))
-        counts, _, fills, longest = micro_batch_arrays(fitting, size_array)
-        if not self.worst.any():
-            return counts, fills, longest
-        worst_counts = self.bin_counts.reshape(len(self.worst), -1)[self.worst].ravel()
-        worst_fills, worst_longest = bin_figures(worst_counts, size_array[self.members])
-        return (np.concatenate((counts, worst_counts)), np.concatenate((fills, worst_fills)),
-                np.concatenate((longest, worst_longest)))
+        parts = [micro_batch_arrays(fitting, size_array)]
+        if self.worst.any():
+            worst_counts = self.bin_counts.reshape(len(self.worst), -1)[self.worst].ravel()
+            parts.append((worst_counts, None, *bin_figures(worst_counts, size_array[self.members])))
+        if self.pending:
+            parts.extend(self._pending(size_array))
+        return tuple(np.concatenate([part[k] for part in parts]) for k in (0, 2, 3))
 
-
-def _fit_or_refit(
-    rank: int, bins: BinArrays, sizes: Sequence[int], num_bins: int, *, padded_rows: bool, refits: Refits | None
-) -> list[list[int]] | None:
-    """``rank``'s best-fit (padded rows: chunked) micro-batches ``bins`` split to ``num_bins``
-    (:func:`split_owned`), or ``None`` where they are more, and then ``bins`` go to ``refits`` (when given)."""
-    if len(bins.counts) <= num_bins:
-        return split_owned(bins.bins(), sizes, num_bins, padded_rows=padded_rows, loads=bins.loads.tolist())
-    if refits is not None:
-        refits[rank] = bins
-    return None
+    def _pending(self, size_array: np.ndarray) -> list[tuple[np.ndarray, ...]]:
+        """The pending ranks' micro-batches once split, as :func:`micro_batch_arrays` of the split ones (only the
+        bins a split may reach are made lists: a rank's ``num_bins - len`` fullest with two samples or more, in
+        their order, split by :func:`split_owned` as it splits them among all) and the figures of the others."""
+        sizes, num_bins, padded_rows = self.split_by
+        pending = list(self.pending.values())
+        counts = np.concatenate([bins.counts for bins in pending])
+        fills, longest = bin_figures(counts, size_array[np.concatenate([bins.members for bins in pending])])
+        kept, split, offset = np.ones(len(counts), dtype=bool), [], 0
+        for bins in pending:
+            splits, starts = num_bins - len(bins.counts), np.cumsum(bins.counts) - bins.counts
+            multi = np.flatnonzero(bins.counts > 1)
+            chosen = np.sort(multi[np.argsort(-bins.loads[multi], kind="stable")[:splits]]).tolist()
+            kept[[offset + b for b in chosen]] = False
+            members = [bins.members[starts[b] : starts[b] + bins.counts[b]].tolist() for b in chosen]
+            split += split_owned(members, sizes, len(chosen) + splits, padded_rows=padded_rows,
+                                 loads=bins.loads[chosen].tolist())
+            offset += len(bins.counts)
+        return [(counts[kept], None, fills[kept], longest[kept]), micro_batch_arrays(split, size_array)]
 
 
 def chunk_ranks(ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int) -> list[BinArrays]:
@@ -341,8 +371,9 @@ def chunk_ranks(ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int) 
 
 def split_chunks(chunks: Sequence[BinArrays], sizes: Sequence[int], num_bins: int) -> list[list[list[int]] | None]:
     """:func:`pack_ranks` with ``padded_rows`` at ``num_bins`` of the ranks whose :func:`chunk_ranks` are given."""
-    return [_fit_or_refit(rank, bins, sizes, num_bins, padded_rows=True, refits=None)
-            for rank, bins in enumerate(chunks)]
+    packed = PackedRanks([None] * len(chunks))
+    packed.defer(enumerate(chunks), sizes, num_bins, padded_rows=True, refits=None)
+    return packed.lists()
 
 
 def _chunk_ranks(ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int) -> list[BinArrays]:

@@ -8,8 +8,9 @@ import random
 import numpy as np
 import pytest
 
-from megatron_dpsched.core.balancing import refine_by_moves, refine_laid_out
+from megatron_dpsched.core.balancing import lpt_ranks, refine_by_moves, refine_laid_out
 from megatron_dpsched.core.ordering import sorted_runs
+from megatron_dpsched.core.packing import bin_lower_bound, pack_rank_arrays, pack_ranks
 from megatron_dpsched.core.padding import shared_ints, step_sizes
 
 
@@ -72,3 +73,28 @@ def test_step_sizes_with_a_pad_multiple_share_one_int_per_size() -> None:
     sizes = step_sizes([5, 17, 3, 16, 300, 301], pad_multiple=8)
     assert sizes == (8, 24, 8, 16, 304, 304) and sizes.values.tolist() == list(sizes)
     assert sizes[4] is sizes[5]
+
+
+def _figures(bins: list[list[int]], sizes: list[int]) -> list[tuple[int, int, int]]:
+    return sorted((len(b), sum(sizes[i] for i in b), max((sizes[i] for i in b), default=0)) for b in bins)
+
+
+@pytest.mark.parametrize("seed", range(80))
+def test_packed_ranks_figures_are_those_of_their_lists(seed: int) -> None:
+    rng = random.Random(f"packed-{seed}")
+    cap, dp, rows = rng.choice((16, 64, 100)), rng.randint(16, 40), seed % 4 == 0
+    sizes = [rng.choice((rng.randint(1, cap), rng.randint(1, cap // 3), cap // 2 + 1)) for _ in
+             range(rng.randint(dp, 12 * dp))]
+    count, ranks = max(1, bin_lower_bound(sizes, cap, padded_rows=rows) // dp + rng.randint(0, 2)), None
+    while ranks is None:  # the first count whose LPT deal fits
+        ranks = lpt_ranks(range(len(sizes)), costs=[float(s) for s in sizes], weights=np.minimum(sizes, cap),
+                          capacity=count * cap, num_ranks=dp)
+        count += ranks is None
+    packed = pack_rank_arrays(ranks, sizes, cap, count, padded_rows=rows)
+    counts, fills, longest = packed.figures(np.array(sizes, dtype=np.int64))
+    failing = packed.failing()
+    lists = packed.lists()
+    assert pack_ranks(ranks, sizes, cap, count, padded_rows=rows) == lists
+    assert failing == [r for r, bins in enumerate(lists) if bins is None]
+    fitting = [b for bins in lists if bins is not None for b in bins]
+    assert sorted(zip(counts.tolist(), fills.tolist(), longest.tolist(), strict=True)) == _figures(fitting, sizes)
