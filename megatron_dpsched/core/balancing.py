@@ -320,11 +320,15 @@ class _Moves:
         source = int(np.argmax(loads))
         targets = lightest(loads, TARGETS)
         items = self.members[source]
-        items = items[self.counts[self.first[source] + self.bin_of(source, items)] > 1]
+        item_costs, source_load, target_loads = self.cost_array[items], float(loads[source]), loads[targets]
+        # a move needs ``target load + cost < source load``: true for some target only if for the lightest (sums
+        # round monotonically), so only those samples are weighed, in their order
+        items = items[(self.counts[self.first[source] + self.bin_of(source, items)] > 1)
+                      & (target_loads[0] + item_costs < source_load)]
         if not len(items):
             return False
-        item_costs, source_load = self.cost_array[items], float(loads[source])
-        peaks = np.maximum(source_load - item_costs, loads[targets][:, None] + item_costs)
+        item_costs = self.cost_array[items]
+        peaks = np.maximum(source_load - item_costs, target_loads[:, None] + item_costs)
         allowed = (peaks < source_load) & (self.size_array[items] <= self.widest[targets][:, None])
         if not allowed.any():
             return False

@@ -1,17 +1,22 @@
 """Step 5's fallback plan kept as arrays: ``refine_laid_out``'s layout is that of the refined lists, and
-``sorted_runs`` sorts each micro-batch as ``sorted`` does; padded sizes share one int object per value."""
+``sorted_runs`` sorts each micro-batch as ``sorted`` does; padded sizes share one int object per value; the
+pending packings' figures are those of their lists; the lengths, steps and costs of a run made once, as arrays."""
 
 from __future__ import annotations
 
 import random
+import re
 
 import numpy as np
 import pytest
 
 from megatron_dpsched.core.balancing import lpt_ranks, refine_by_moves, refine_laid_out
+from megatron_dpsched.core.cost import DEFAULT_COST_MODEL, sample_costs
 from megatron_dpsched.core.ordering import sorted_runs
 from megatron_dpsched.core.packing import bin_lower_bound, pack_rank_arrays, pack_ranks
-from megatron_dpsched.core.padding import shared_ints, step_sizes
+from megatron_dpsched.core.padding import ArrayTuple, shared_ints, step_sizes
+from megatron_dpsched.core.steps import split_steps, step_ranges
+from megatron_dpsched.core.validation import checked_lengths, require_lengths
 
 
 def _plan(rng: random.Random, *, cap: int, padded_rows: bool) -> tuple[list[list[list[int]]], list[int]]:
@@ -98,3 +103,38 @@ def test_packed_ranks_figures_are_those_of_their_lists(seed: int) -> None:
     assert failing == [r for r, bins in enumerate(lists) if bins is None]
     fitting = [b for bins in lists if bins is not None for b in bins]
     assert sorted(zip(counts.tolist(), fills.tolist(), longest.tolist(), strict=True)) == _figures(fitting, sizes)
+
+
+@pytest.mark.parametrize("lengths", [[5, 1, 7], (3,) * 4, [2**31 - 1, 1], [0, 4], [2**70, 3], [True, 2]])
+def test_checked_lengths_are_require_lengths_with_their_array(lengths: list[int]) -> None:
+    try:
+        expected = require_lengths(lengths)
+    except ValueError as error:
+        with pytest.raises(ValueError, match=re.escape(str(error))):
+            checked_lengths(lengths)
+        return
+    values, array = checked_lengths(lengths)
+    assert values == expected and array is not None and array.tolist() == list(expected)
+
+
+def test_checked_lengths_of_numpy_ints_are_python_ints_without_an_array() -> None:
+    values, array = checked_lengths(np.array([4, 9], dtype=np.int32))
+    assert values == (4, 9) and all(type(v) is int for v in values) and array is None
+
+
+@pytest.mark.parametrize("count", [1, 7, 8, 9, 24])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_step_ranges_are_split_steps(count: int, drop_last: bool) -> None:
+    steps, dropped = split_steps(count, global_batch_size=8, groups=None, drop_last=drop_last)
+    ranges, dropped_range = step_ranges(count, global_batch_size=8, drop_last=drop_last)
+    assert [list(r) for r in ranges] == steps and list(dropped_range) == dropped
+    assert all(isinstance(r, range) for r in ranges)
+
+
+def test_sample_costs_come_with_their_array_and_equal_without_the_lengths_array() -> None:
+    lengths = [3, 9, 3, 4096, 9]
+    costs = sample_costs(lengths, DEFAULT_COST_MODEL)
+    given = sample_costs(lengths, DEFAULT_COST_MODEL, array=np.array(lengths, dtype=np.int64))
+    assert costs == given == tuple(DEFAULT_COST_MODEL(n) for n in lengths)
+    assert isinstance(given, ArrayTuple) and given.values.tolist() == list(given)
+    assert all(type(c) is float for c in given)
