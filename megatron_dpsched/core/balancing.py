@@ -78,8 +78,10 @@ def lpt_ranks(
 def dearest_first(ids: np.ndarray, item_costs: np.ndarray, item_weights: np.ndarray) -> np.ndarray:
     """``np.lexsort((ids, -item_weights, -item_costs))``: by cost descending, then weight descending, then id.
 
-    When ``ids`` ascend, equal costs have equal weights and there are at most 65,536 distinct costs (costs per
-    distinct length), it is a stable radix sort of each item's dense rank among the distinct costs, descending."""
+    When ``ids`` ascend and equal costs have equal weights, it is by cost descending, then position: with at most
+    65,536 distinct costs (costs per distinct length) a stable radix sort of each item's dense rank among the
+    distinct costs, descending; with more, the positions by descending cost (ties in any order) put in order
+    within each run of equal costs by one sort of ``run * count + position``, which is nearly sorted already."""
     count = len(ids)
     if count < 2 or not bool((ids[1:] > ids[:-1]).all()):
         return np.lexsort((ids, -item_weights, -item_costs))
@@ -88,9 +90,13 @@ def dearest_first(ids: np.ndarray, item_costs: np.ndarray, item_weights: np.ndar
     new = sorted_costs[1:] != sorted_costs[:-1]  # NaN: never equal, so no shortcut below
     distinct = int(np.count_nonzero(new)) + 1
     sorted_weights = item_weights[ascending]
-    if distinct > 2**16 or bool(np.isnan(sorted_costs[-1])) or bool(
-            (sorted_weights[1:] != sorted_weights[:-1])[~new].any()):
+    if bool(np.isnan(sorted_costs[-1])) or bool((sorted_weights[1:] != sorted_weights[:-1])[~new].any()):
         return np.lexsort((ids, -item_weights, -item_costs))
+    if distinct > 2**16:
+        runs = np.concatenate(([0], np.cumsum(new[::-1]))) * count  # along the descending order
+        keyed = np.sort(runs + ascending[::-1])
+        keyed -= runs
+        return keyed
     rank = np.empty(count, dtype=np.uint16)
     rank[ascending] = distinct - 1 - np.concatenate(([0], np.cumsum(new))).astype(np.uint16)
     return np.argsort(rank, kind="stable")

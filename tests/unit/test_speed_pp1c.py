@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 
-from megatron_dpsched.core.balancing import lpt_ranks, refine_by_moves, refine_laid_out
+from megatron_dpsched.core.balancing import dearest_first, lpt_ranks, refine_by_moves, refine_laid_out
 from megatron_dpsched.core.cost import DEFAULT_COST_MODEL, sample_costs
 from megatron_dpsched.core.ordering import sorted_runs
 from megatron_dpsched.core.packing import bin_lower_bound, pack_rank_arrays, pack_ranks
@@ -138,3 +138,15 @@ def test_sample_costs_come_with_their_array_and_equal_without_the_lengths_array(
     assert costs == given == tuple(DEFAULT_COST_MODEL(n) for n in lengths)
     assert isinstance(given, ArrayTuple) and given.values.tolist() == list(given)
     assert all(type(c) is float for c in given)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_dearest_first_of_many_distinct_costs_is_the_lexsort(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    count = 70_000 + int(rng.integers(0, 30_000))  # more than 65,536 distinct costs, with ties
+    costs = np.round(rng.random(count) * 2 * count) / 3
+    costs[rng.integers(0, count, 50)] = rng.choice([0.0, -0.0, np.inf], 50)
+    weights = np.floor(costs / 5) if seed % 2 else np.ones(count)  # equal costs, equal weights
+    ids = np.arange(count) * 3 + seed
+    assert len(np.unique(costs)) > 2**16
+    assert dearest_first(ids, costs, weights).tolist() == np.lexsort((ids, -weights, -costs)).tolist()
