@@ -325,21 +325,23 @@ class _Moves:
         loads = self.loads
         source = int(np.argmax(loads))
         targets = lightest(loads, TARGETS)
-        items = self.members[source]
-        item_costs, source_load, target_loads = self.cost_array[items], float(loads[source]), loads[targets]
+        members = self.members[source]
+        item_costs, source_load, target_loads = self.cost_array[members], float(loads[source]), loads[targets]
+        bins = self.bin_of(source, members)
         # a move needs ``target load + cost < source load``: true for some target only if for the lightest (sums
         # round monotonically), so only those samples are weighed, in their order
-        items = items[(self.counts[self.first[source] + self.bin_of(source, items)] > 1)
-                      & (target_loads[0] + item_costs < source_load)]
-        if not len(items):
+        movable = np.flatnonzero((self.counts[self.first[source] + bins] > 1)
+                                 & (target_loads[0] + item_costs < source_load))
+        if not len(movable):
             return False
-        item_costs = self.cost_array[items]
+        items, item_costs = members[movable], item_costs[movable]
         peaks = np.maximum(source_load - item_costs, target_loads[:, None] + item_costs)
         allowed = (peaks < source_load) & (self.size_array[items] <= self.widest[targets][:, None])
         if not allowed.any():
             return False
         best = int(np.argmin(np.where(allowed, peaks, np.inf)))
-        self.move(source, int(targets[best // len(items)]), item=int(items[best % len(items)]))
+        position = int(movable[best % len(items)])
+        self.move(source, int(targets[best // len(items)]), position=position, source_bin=int(bins[position]))
         return True
 
     def bin_of(self, rank: int, items: np.ndarray) -> np.ndarray:
@@ -347,19 +349,21 @@ class _Moves:
         counts = self.counts[self.first[rank]:self.first[rank + 1]]
         return np.repeat(np.arange(len(counts)), counts)[:len(items)]
 
-    def move(self, source: int, target: int, *, item: int) -> None:
-        """Move ``item`` from ``source`` into ``target``'s first empty micro-batch, else its first with room."""
+    def move(self, source: int, target: int, *, position: int, source_bin: int) -> None:
+        """Move the sample at ``position`` of ``source``'s members (in its micro-batch ``source_bin``) into
+        ``target``'s first empty micro-batch, else its first with room."""
+        members = self.members[source]
+        item = int(members[position])
         size, cost = int(self.size_array[item]), self.costs[item]
-        position = int(np.flatnonzero(self.members[source] == item)[0])
-        source_bin = int(self.bin_of(source, self.members[source])[position])
         fills = self.fills[self.first[target]:self.first[target + 1]]
         empty = np.flatnonzero(fills == 0)
         into = int(empty[0]) if len(empty) else int(np.argmax(self.rooms(target) >= size))
         self.plan[source][source_bin].remove(item)
         self.plan[target][into].append(item)
-        self.members[source] = np.delete(self.members[source], position)
+        self.members[source] = np.concatenate((members[:position], members[position + 1:]))
         end = int(self.counts[self.first[target]:self.first[target] + into + 1].sum())
-        self.members[target] = np.insert(self.members[target], end, item)
+        into_members = self.members[target]
+        self.members[target] = np.concatenate((into_members[:end], members[position:position + 1], into_members[end:]))
         for rank, b, sign in ((source, source_bin, -1), (target, into, 1)):
             at = self.first[rank] + b
             self.counts[at] += sign
