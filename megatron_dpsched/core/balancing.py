@@ -247,31 +247,36 @@ def refine_by_moves(
     (always alone) are untouched. Every candidate sample is weighed against every target at once with NumPy
     (:class:`_Moves`); loads are running sums, as a one-by-one search keeps them.
     """
+    per_rank = np.fromiter(map(len, plan), dtype=np.int64, count=len(plan))
     return _refined(plan, sizes=sizes, costs=costs, cap=cap, max_moves=max_moves, padded_rows=padded_rows,
-                    layout=layout).peak()
+                    layout=None if layout is None else (per_rank, *layout)).peak()
+
+
+PlanLayout = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""A plan laid out: each rank's micro-batch count, each micro-batch's sample count and all samples, in plan order."""
 
 
 def refine_laid_out(
-    plan: list[list[list[int]]],
+    plan: list[list[list[int]]] | None,
     *,
     sizes: Sequence[int],
     costs: Sequence[float],
     cap: int,
     max_moves: int,
     padded_rows: bool = False,
-    layout: tuple[np.ndarray, np.ndarray],
-) -> tuple[float, tuple[np.ndarray, np.ndarray]]:
-    """:func:`refine_by_moves` of a plan whose layout is given; also returns the refined plan's layout (each
-    micro-batch's sample count and all samples in plan order, as the refined lists hold them)."""
+    layout: PlanLayout,
+) -> tuple[float, PlanLayout]:
+    """:func:`refine_by_moves` of a plan given as its :data:`PlanLayout` (``plan``: its lists, moved alike, or
+    ``None``: none made); returns the refined plan's peak cost and layout."""
     moves = _refined(plan, sizes=sizes, costs=costs, cap=cap, max_moves=max_moves, padded_rows=padded_rows,
                      layout=layout)
     flat = np.concatenate(moves.members) if moves.members else np.zeros(0, dtype=np.int64)
-    return moves.peak(flat), (moves.counts, flat)
+    return moves.peak(flat), (layout[0], moves.counts, flat)
 
 
 def _refined(
-    plan: list[list[list[int]]], *, sizes: Sequence[int], costs: Sequence[float], cap: int, max_moves: int,
-    padded_rows: bool, layout: tuple[np.ndarray, np.ndarray] | None,
+    plan: list[list[list[int]]] | None, *, sizes: Sequence[int], costs: Sequence[float], cap: int, max_moves: int,
+    padded_rows: bool, layout: PlanLayout | None,
 ) -> _Moves:
     """The state of :func:`refine_by_moves` once its moves are made."""
     moves = _Moves(plan, sizes=sizes, costs=costs, cap=cap, padded_rows=padded_rows, layout=layout)
@@ -288,24 +293,28 @@ TARGETS = 8
 class _Moves:
     """:func:`refine_by_moves`' state. Micro-batches are numbered over the whole plan, rank by rank (rank
     ``r``'s from ``first[r]``); per micro-batch its sample count, fill and longest sample; per rank its samples
-    in micro-batch order (``members``), its load and its widest room (the largest sample it still takes)."""
+    in micro-batch order (``members``), its load and its widest room (the largest sample it still takes). The
+    plan's lists (``plan``), where given, are moved alike; else the plan is its :data:`PlanLayout` alone."""
 
-    def __init__(self, plan: list[list[list[int]]], *, sizes: Sequence[int], costs: Sequence[float], cap: int,
-                 padded_rows: bool, layout: tuple[np.ndarray, np.ndarray] | None) -> None:
+    def __init__(self, plan: list[list[list[int]]] | None, *, sizes: Sequence[int], costs: Sequence[float],
+                 cap: int, padded_rows: bool, layout: PlanLayout | None) -> None:
         self.plan, self.costs, self.cap, self.padded_rows = plan, costs, cap, padded_rows
         self.size_array = np.asarray(sizes, dtype=np.int64)
         self.cost_array = np.asarray(costs, dtype=np.float64)
-        self.first = np.concatenate(([0], np.cumsum([len(rank) for rank in plan]))).tolist()
         if layout is None:
+            assert plan is not None, "a plan or its layout"
+            self.first = np.concatenate(([0], np.cumsum([len(rank) for rank in plan]))).tolist()
             self.counts, flat, self.fills, self.longest = padding.micro_batch_arrays(
                 list(chain.from_iterable(plan)), self.size_array)
         else:
-            self.counts, flat = layout[0].copy(), layout[1]
+            self.first = np.concatenate(([0], np.cumsum(layout[0]))).tolist()
+            self.counts, flat = layout[1].copy(), layout[2]
             self.fills, self.longest = padding.bin_figures(self.counts, self.size_array[flat])
         per_rank = np.cumsum([0, *(int(self.counts[a:b].sum()) for a, b in zip(self.first, self.first[1:]))])
         self.members = [flat[a:b] for a, b in zip(per_rank[:-1], per_rank[1:])]
         self.loads = run_sums(costs, flat, np.diff(per_rank))
-        self.widest = np.array([int(self.rooms(r).max(initial=0)) for r in range(len(plan))], dtype=np.int64)
+        self.widest = np.array([int(self.rooms(r).max(initial=0)) for r in range(len(self.members))],
+                               dtype=np.int64)
 
     def rooms(self, rank: int) -> np.ndarray:
         """The largest size each micro-batch of ``rank`` still takes (0 or less: none)."""
@@ -358,8 +367,9 @@ class _Moves:
         fills = self.fills[self.first[target]:self.first[target + 1]]
         empty = np.flatnonzero(fills == 0)
         into = int(empty[0]) if len(empty) else int(np.argmax(self.rooms(target) >= size))
-        self.plan[source][source_bin].remove(item)
-        self.plan[target][into].append(item)
+        if self.plan is not None:
+            self.plan[source][source_bin].remove(item)
+            self.plan[target][into].append(item)
         self.members[source] = np.concatenate((members[:position], members[position + 1:]))
         end = int(self.counts[self.first[target]:self.first[target] + into + 1].sum())
         into_members = self.members[target]
@@ -368,7 +378,12 @@ class _Moves:
             at = self.first[rank] + b
             self.counts[at] += sign
             self.fills[at] += sign * size
-            self.longest[at] = max((int(self.size_array[i]) for i in self.plan[rank][b]), default=0)
+        at = self.first[target] + into
+        self.longest[at] = max(int(self.longest[at]), size)
+        at = self.first[source] + source_bin
+        if size >= self.longest[at]:  # the longest left: its micro-batch's samples read again
+            start = int(self.counts[self.first[source]:at].sum())
+            self.longest[at] = int(self.size_array[self.members[source][start:start + self.counts[at]]].max())
         self.loads[source] = float(self.loads[source]) - cost
         self.loads[target] = float(self.loads[target]) + cost
         for rank in (source, target):

@@ -171,10 +171,12 @@ SMALL_BINS = 64
 
 def split_owned(
     out: list[list[int]], sizes: Sequence[int], num_bins: int, *, padded_rows: bool = False,
-    loads: Sequence[int] | None = None,
+    loads: Sequence[int] | None = None, replaced: list[int] | None = None,
 ) -> list[list[int]]:
     """:func:`split_to_count` on bins the caller hands over: ``out`` is extended and its entries replaced
-    (never the bins themselves), and returned."""
+    (never the bins themselves), and returned. ``replaced``, when given, receives the position of each bin given
+    that a split replaced (a position once per split)."""
+    given = len(out)
     assert len(out) <= num_bins, (len(out), num_bins)
     if len(out) == num_bins:
         return out
@@ -189,6 +191,8 @@ def split_owned(
         _, i = pop(heap)
         first, second = halve(out[i], sizes)
         out[i] = first
+        if replaced is not None and i < given:
+            replaced.append(i)
         out.append(second)
         for j, items in ((i, first), (len(out) - 1, second)):
             if len(items) > 1:  # a padded-rows half is longest first: its collated size is its rows times the first

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from itertools import chain
-from operator import is_not
+from itertools import accumulate, chain, pairwise
 
 import numpy as np
 
@@ -39,6 +38,7 @@ from megatron_dpsched.core.packing import (
     first_fit,
     flat_lists,
     pack_rank_arrays,
+    runs_of,
     split_owned,
     split_to_count,
 )
@@ -187,8 +187,8 @@ def _plan_dynamic(
     sizes: list[int], costs: list[float], *, config: ScheduleConfig, laid_out: bool = False
 ) -> tuple[list[RankPlan], StepLayout | None]:
     """Steps 3-5 with a token cap: the smallest count that balances, within the count of one global packing.
-    With ``laid_out``, a plan of :func:`_plan_by_bins` comes as its :data:`StepLayout` in plan order and no lists
-    (``[]``, :func:`_let_go`); else the plan's lists and ``None``.
+    With ``laid_out``, a plan of :func:`_deal_bins` comes as its :data:`StepLayout` in plan order and no lists
+    (``[]``); else the plan's lists and ``None``.
 
     Steps 3-4 at ``M`` (step 2); a balanced plan (:data:`BALANCE_TOLERANCE`) is kept. Otherwise (a rank
     overflowed, or the cap kept ranks from balancing: heavy tails at high fill) the next legal counts are
@@ -198,12 +198,12 @@ def _plan_dynamic(
     the first count that does. A larger count is kept only if it cuts the busiest rank's cost by more than
     :data:`BALANCE_TOLERANCE`; the search stops after :data:`~megatron_dpsched.core.objective.MAX_STALE_COUNTS`
     larger counts in a row bring nothing. A plan not yet balanced is first refined (:func:`_refine`). If no
-    count up to ``U`` fits, :func:`_plan_by_bins` deals the global packing, which always works;
+    count up to ``U`` fits, :func:`_deal_bins` deals the global packing, which always works;
     ``balance="none"`` goes straight to it.
     """
     if config.balance == "none":
-        global_bins = _global_packing(sizes, config)
-        return _let_go(*_plan_by_bins(global_bins, sizes, costs, config=config), laid_out=laid_out)
+        layout = _deal_bins(_global_packing(sizes, config), sizes, costs, config=config)
+        return ([], layout) if laid_out else (_plan_of(layout), None)
     num_microbatches = lower = lower_bound_microbatches(sizes, config=config)
     if len(sizes) <= config.dp_size:  # balanced: the busiest rank costs the dearest sample
         plan = _one_per_rank(sizes, costs, config=config, num_microbatches=num_microbatches)
@@ -212,29 +212,33 @@ def _plan_dynamic(
     balanced = _balanced_peak(costs, config)
     plan = _assign_and_pack(sizes, costs, config=config, num_microbatches=num_microbatches)
     global_bins: list[list[int]] | None = None
-    upper = num_microbatches
+    upper, upper_known = num_microbatches, False
     if plan is None:  # the lower bound does not fit: find the first count that does, in O(log) tries
         global_bins = _global_packing(sizes, config)
-        upper = _bins_count(global_bins, config)
+        upper, upper_known = _bins_count(global_bins, config), True
         num_microbatches, plan = _first_fitting_count(sizes, costs, config=config, low=num_microbatches, high=upper)
     best, best_peak, best_layout = None, math.inf, None
     stale = 0  # larger counts tried in a row without a better plan
     while True:
         peak, layout = peak_cost(plan, costs), None
         if peak > balanced:
-            global_bins = global_bins or _global_packing(sizes, config)
-            upper = _bins_count(global_bins, config)
+            if not upper_known:
+                global_bins = _global_packing(sizes, config)
+                upper, upper_known = _bins_count(global_bins, config), True
             if plan is None and best is None and num_microbatches >= upper:
-                plan, layout = _plan_by_bins(global_bins, sizes, costs, config=config)
+                layout = _deal_bins(global_bins or _global_packing(sizes, config), sizes, costs, config=config)
+                global_bins = None  # the layout holds its micro-batches: its lists are freed, in the order made
+                plan = [] if laid_out else _plan_of(layout)  # laid out: the lists are never made
             if plan is not None:
-                peak, layout = _refine(plan, sizes, costs, config=config, layout=layout)
+                peak, layout = _refine(plan or None, sizes, costs, config=config, layout=layout)
         stale = stale + 1 if best is not None else 0
         if peak < best_peak * (1 - BALANCE_TOLERANCE):
             best, best_peak, best_layout, stale = plan, peak, layout, 0
         if best_peak <= balanced or stale >= MAX_STALE_COUNTS:
-            return _let_go(best, best_layout, laid_out=laid_out)
-        if best is not None and num_microbatches >= _reach(best, costs, config=config, upper=upper, lower_bound=lower):
-            return _let_go(best, best_layout, laid_out=laid_out)
+            return _result(best, best_layout, laid_out=laid_out)
+        if best is not None and num_microbatches >= _reach(best or _plan_of(best_layout), costs, config=config,
+                                                           upper=upper, lower_bound=lower):
+            return _result(best, best_layout, laid_out=laid_out)
         num_microbatches = config.layout.next_legal(num_microbatches)
         plan = _assign_and_pack(sizes, costs, config=config, num_microbatches=num_microbatches)
         if (plan is not None and not config.balance_growth
@@ -242,16 +246,19 @@ def _plan_dynamic(
             plan = None  # past ``U`` for a tail: each plan within its own ``B``
 
 
-def _let_go(plan: list[RankPlan], layout: Layout | None, *, laid_out: bool) -> tuple[list[RankPlan], StepLayout | None]:
-    """:func:`_plan_dynamic`'s result: with ``laid_out`` and ``layout`` known, the plan's :data:`StepLayout` and no
-    lists. The ranks' lists are let go here, while the caller's global packing still holds the micro-batches (in
-    the order they were made), so these are freed in that order when it returns: freed rank by rank, in the
-    order dealt, they would be read from all over memory (several times slower)."""
-    if not laid_out or layout is None:
-        return plan, None
-    per_rank = np.fromiter(map(len, plan), dtype=np.int64, count=len(plan))
-    plan.clear()
-    return [], (per_rank, *layout)
+def _result(
+    plan: list[RankPlan], layout: StepLayout | None, *, laid_out: bool
+) -> tuple[list[RankPlan], StepLayout | None]:
+    """:func:`_plan_dynamic`'s result: with ``laid_out`` and ``layout`` known (then ``plan`` is ``[]``), the plan's
+    :data:`StepLayout` and no lists; else the plan's lists."""
+    return ([], layout) if laid_out and layout is not None else (plan, None)
+
+
+def _plan_of(layout: StepLayout) -> list[RankPlan]:
+    """The plan of a :data:`StepLayout` as lists."""
+    per_rank, counts, flat = layout
+    bins = runs_of(flat.tolist(), counts)
+    return [bins[a:b] for a, b in pairwise(accumulate(per_rank.tolist(), initial=0))]
 
 
 def _reach(best: list[RankPlan], costs: list[float], *, config: ScheduleConfig, upper: int, lower_bound: int) -> int:
@@ -300,13 +307,14 @@ def _balanced_peak(costs: list[float], config: ScheduleConfig) -> float:
 
 
 def _refine(
-    plan: list[RankPlan], sizes: list[int], costs: list[float], *, config: ScheduleConfig, layout: Layout | None = None
-) -> tuple[float, Layout | None]:
+    plan: list[RankPlan] | None, sizes: list[int], costs: list[float], *, config: ScheduleConfig,
+    layout: StepLayout | None = None,
+) -> tuple[float, StepLayout | None]:
     """Step 5's refinement (:func:`~megatron_dpsched.core.balancing.refine_by_moves`, in place): single samples
     move off the busiest rank into a lighter rank's micro-batch with room while that lowers the busiest rank's
     cost, at most ``4 * dp_size`` moves; returns the refined plan's busiest rank's cost
-    (:func:`~megatron_dpsched.core.balancing.peak_cost`) and, when the plan's :data:`Layout` is given, the
-    refined plan's."""
+    (:func:`~megatron_dpsched.core.balancing.peak_cost`) and, when the plan's :data:`StepLayout` is given, the
+    refined plan's (``plan`` ``None``: its lists are not made)."""
     kwargs = {"sizes": sizes, "costs": costs, "cap": config.token_cap, "max_moves": 4 * config.dp_size,
               "padded_rows": config.padded_rows}
     if layout is None:
@@ -372,46 +380,42 @@ def _global_packing(sizes: list[int], config: ScheduleConfig) -> list[list[int]]
     return min(best_fit, first_fit(items, sizes, cap), key=len)
 
 
-def _plan_by_bins(
+def _deal_bins(
     bins: list[list[int]], sizes: Sequence[int], costs: Sequence[float], *, config: ScheduleConfig
-) -> tuple[list[RankPlan], Layout]:
+) -> StepLayout:
     """Step 5's fallback: the global micro-batches ``bins`` split to ``U * dp_size``
     (:func:`~megatron_dpsched.core.packing.split_to_count`) and dealt to ranks by LPT on cost, which always
-    works (``balance="none"``: round-robin). ``bins`` are handed over: their lists become the plan's.
+    works (``balance="none"``: round-robin); the plan as its :data:`StepLayout` (:func:`_plan_of`: its lists).
+    ``bins`` are handed over (split in place).
 
-    Also returns the plan's :data:`Layout`. The bins are flattened once: their collated sizes, costs and the
-    layout come from that, and only the bins the split made are read again."""
+    The bins are flattened once: their collated sizes, costs and the layout come from that, and only the bins
+    the split made are read again."""
     dp, rows = config.dp_size, config.padded_rows
     num_microbatches = config.layout.align(math.ceil(len(bins) / dp))
     counts, flat = flat_lists(bins)
     size_array = np.asarray(sizes, dtype=np.int64)
     loads = padding.collated_of(counts, size_array[flat], padded_rows=rows)
-    split = split_owned(list(bins), sizes, num_microbatches * dp, padded_rows=rows, loads=loads)
+    replaced: list[int] = []
+    split = split_owned(bins, sizes, num_microbatches * dp, padded_rows=rows, loads=loads, replaced=replaced)
     del loads  # each array goes as soon as it is read: this is the fallback's peak of memory
-    made = np.flatnonzero(np.fromiter(map(is_not, bins, split), dtype=bool, count=len(bins))).tolist()
-    made += range(len(bins), len(split))
+    made = sorted(set(replaced)) + list(range(len(counts), len(split)))
     made_counts, made_flat = flat_lists([split[b] for b in made])
     bin_costs = None
     if config.balance != "none":
-        bin_costs = np.concatenate((run_sums(costs, flat, counts), np.zeros(len(split) - len(bins))))
+        bin_costs = np.concatenate((run_sums(costs, flat, counts), np.zeros(len(split) - len(counts))))
         bin_costs[made] = python_sums(costs, [split[b] for b in made])
     starts = np.zeros(len(split), dtype=np.int64)
-    starts[:len(bins)] = np.cumsum(counts) - counts
+    starts[:len(counts)] = np.cumsum(counts) - counts
     starts[made] = len(flat) + np.cumsum(made_counts) - made_counts
-    counts = np.concatenate((counts, np.zeros(len(split) - len(bins), dtype=np.int64)))
+    counts = np.concatenate((counts, np.zeros(len(split) - len(counts), dtype=np.int64)))
     counts[made] = made_counts
     owners = assign_bins(split, costs=costs, num_ranks=dp, balance=config.balance != "none", bin_costs=bin_costs)
-    del bin_costs
+    del bin_costs, split
     order = np.concatenate(owners)
     counts, starts = counts[order], starts[order]
     flat = np.concatenate((flat, made_flat)) if len(made_flat) else flat
-    layout = counts, padding.gather_runs(flat, starts, counts)
-    del flat, starts, order
-    return [list(map(split.__getitem__, owned.tolist())) for owned in owners], layout
-
-
-Layout = tuple[np.ndarray, np.ndarray]
-"""A plan's micro-batches' sample counts (rank by rank, in plan order) and all its samples in that order."""
+    per_rank = np.fromiter(map(len, owners), dtype=np.int64, count=len(owners))
+    return per_rank, counts, padding.gather_runs(flat, starts, counts)
 
 
 def _assign_and_pack(

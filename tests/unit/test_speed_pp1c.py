@@ -47,11 +47,14 @@ def test_refine_laid_out_is_refine_by_moves_with_the_refined_layout(seed: int) -
     expected = [[list(mb) for mb in rank] for rank in plan]
     kwargs = {"sizes": sizes, "costs": costs, "cap": cap, "max_moves": 4 * len(plan), "padded_rows": padded_rows}
     expected_peak = refine_by_moves(expected, **kwargs)
-    peak, (counts, flat) = refine_laid_out(plan, **kwargs, layout=_layout(plan))
+    per_rank = np.array([len(rank) for rank in plan], dtype=np.int64)
+    unlisted = refine_laid_out(None, **kwargs, layout=(per_rank, *_layout(plan)))  # no lists: the layout alone
+    peak, (ranks, counts, flat) = refine_laid_out(plan, **kwargs, layout=(per_rank, *_layout(plan)))
     assert plan == expected
-    assert peak == expected_peak
-    assert counts.tolist() == _layout(expected)[0].tolist()
-    assert flat.tolist() == _layout(expected)[1].tolist()
+    assert peak == expected_peak == unlisted[0]
+    assert ranks.tolist() == per_rank.tolist() == unlisted[1][0].tolist()
+    assert counts.tolist() == _layout(expected)[0].tolist() == unlisted[1][1].tolist()
+    assert flat.tolist() == _layout(expected)[1].tolist() == unlisted[1][2].tolist()
 
 
 @pytest.mark.parametrize("seed", range(30))
