@@ -277,7 +277,10 @@ def pack_rank_arrays(
     layout = _rank_grid(ranks, sizes)
     packed = _worst_fit_packed(ranks, sizes, cap, num_bins, layout=layout)
     overflowed = np.flatnonzero(~packed.worst).tolist()  # pack_into's worst fit fails there too
-    if overflowed:
+    if 4 * len(overflowed) >= 3 * len(ranks):  # most: best fit on every rank (each its own), no subset copied
+        best_fits = _best_fit_arrays(ranks, sizes, cap, layout=layout)
+        packed.defer(((r, best_fits[r]) for r in overflowed), sizes, num_bins, padded_rows=False, refits=refits)
+    elif overflowed:
         subset = _grid_subset(layout, ~packed.worst)
         best_fits = _best_fit_arrays([ranks[r] for r in overflowed], sizes, cap, layout=subset)
         packed.defer(zip(overflowed, best_fits, strict=True), sizes, num_bins, padded_rows=False, refits=refits)

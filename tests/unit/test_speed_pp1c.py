@@ -13,7 +13,7 @@ import pytest
 from megatron_dpsched.core.balancing import dearest_first, lpt_ranks, refine_by_moves, refine_laid_out
 from megatron_dpsched.core.cost import DEFAULT_COST_MODEL, sample_costs
 from megatron_dpsched.core.ordering import sorted_runs
-from megatron_dpsched.core.packing import bin_lower_bound, pack_rank_arrays, pack_ranks
+from megatron_dpsched.core.packing import bin_lower_bound, pack_into, pack_rank_arrays, pack_ranks
 from megatron_dpsched.core.padding import ArrayTuple, shared_ints, step_sizes
 from megatron_dpsched.core.steps import split_steps, step_ranges
 from megatron_dpsched.core.validation import checked_lengths, require_lengths
@@ -93,7 +93,7 @@ def test_packed_ranks_figures_are_those_of_their_lists(seed: int) -> None:
     cap, dp, rows = rng.choice((16, 64, 100)), rng.randint(16, 40), seed % 4 == 0
     sizes = [rng.choice((rng.randint(1, cap), rng.randint(1, cap // 3), cap // 2 + 1)) for _ in
              range(rng.randint(dp, 12 * dp))]
-    count, ranks = max(1, bin_lower_bound(sizes, cap, padded_rows=rows) // dp + rng.randint(0, 2)), None
+    count, ranks = max(1, -(-bin_lower_bound(sizes, cap, padded_rows=rows) // dp) + seed % 3 - 1), None
     while ranks is None:  # the first count whose LPT deal fits
         ranks = lpt_ranks(range(len(sizes)), costs=[float(s) for s in sizes], weights=np.minimum(sizes, cap),
                           capacity=count * cap, num_ranks=dp)
@@ -103,6 +103,7 @@ def test_packed_ranks_figures_are_those_of_their_lists(seed: int) -> None:
     failing = packed.failing()
     lists = packed.lists()
     assert pack_ranks(ranks, sizes, cap, count, padded_rows=rows) == lists
+    assert lists == [pack_into(items.tolist(), sizes, cap, count, padded_rows=rows) for items in ranks]
     assert failing == [r for r, bins in enumerate(lists) if bins is None]
     fitting = [b for bins in lists if bins is not None for b in bins]
     assert sorted(zip(counts.tolist(), fills.tolist(), longest.tolist(), strict=True)) == _figures(fitting, sizes)
@@ -153,3 +154,18 @@ def test_dearest_first_of_many_distinct_costs_is_the_lexsort(seed: int) -> None:
     ids = np.arange(count) * 3 + seed
     assert len(np.unique(costs)) > 2**16
     assert dearest_first(ids, costs, weights).tolist() == np.lexsort((ids, -weights, -costs)).tolist()
+
+
+@pytest.mark.parametrize("even_ranks", [0, 3, 12])
+def test_best_fit_on_every_rank_when_most_overflow_worst_fit(even_ranks: int) -> None:
+    # 6, 5, 4, 3, 2 under a cap of 10 in 2 micro-batches: worst fit overflows, best fit fits (6+4, 5+3+2)
+    sizes, ranks = [], []
+    for r in range(24):
+        shape = (5, 5, 5, 5) if r < even_ranks else (6, 5, 4, 3, 2)  # 5s: worst fit fits
+        ranks.append(np.arange(len(sizes), len(sizes) + len(shape), dtype=np.int64))
+        sizes += shape
+    packed = pack_rank_arrays(ranks, sizes, 10, 2)
+    assert packed.worst.sum() == even_ranks and not packed.failing()
+    lists = packed.lists()
+    assert lists == [pack_into(items.tolist(), sizes, 10, 2) for items in ranks]
+    assert lists[-1] == [[ranks[-1][0], ranks[-1][2]], [ranks[-1][1], ranks[-1][3], ranks[-1][4]]]
