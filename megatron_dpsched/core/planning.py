@@ -210,7 +210,11 @@ def _plan_dynamic(
         if plan is not None:
             return plan, None
     balanced = _balanced_peak(costs, config)
-    plan = _assign_and_pack(sizes, costs, config=config, num_microbatches=num_microbatches)
+    plan, layout = _attempt(sizes, costs, config=config, num_microbatches=num_microbatches, laid_out=laid_out)
+    if layout is not None:  # every rank fits by worst fit: balanced, it is the plan (no lists made)
+        if _layout_peak(layout, costs) <= balanced:
+            return [], layout
+        plan = _plan_of(layout)
     global_bins: list[list[int]] | None = None
     upper, upper_known = num_microbatches, False
     if plan is None:  # the lower bound does not fit: find the first count that does, in O(log) tries
@@ -252,6 +256,13 @@ def _result(
     """:func:`_plan_dynamic`'s result: with ``laid_out`` and ``layout`` known (then ``plan`` is ``[]``), the plan's
     :data:`StepLayout` and no lists; else the plan's lists."""
     return ([], layout) if laid_out and layout is not None else (plan, None)
+
+
+def _layout_peak(layout: StepLayout, costs: Sequence[float]) -> float:
+    """:func:`~megatron_dpsched.core.balancing.peak_cost` of a plan given as its :data:`StepLayout`."""
+    per_rank, counts, flat = layout
+    ends = np.concatenate(([0], np.cumsum(counts)))[np.cumsum(per_rank)]  # where each rank's samples end
+    return float(run_sums(costs, flat, np.diff(ends, prepend=0)).max(initial=0.0))
 
 
 def _plan_of(layout: StepLayout) -> list[RankPlan]:
@@ -421,7 +432,15 @@ def _deal_bins(
 def _assign_and_pack(
     sizes: list[int], costs: list[float], *, config: ScheduleConfig, num_microbatches: int
 ) -> list[RankPlan] | None:
-    """Steps 3-4 for one candidate micro-batch count; ``None`` if it does not fit.
+    """Steps 3-4 for one candidate micro-batch count; ``None`` if it does not fit (:func:`_attempt`)."""
+    return _attempt(sizes, costs, config=config, num_microbatches=num_microbatches)[0]
+
+
+def _attempt(
+    sizes: list[int], costs: list[float], *, config: ScheduleConfig, num_microbatches: int, laid_out: bool = False
+) -> tuple[list[RankPlan] | None, StepLayout | None]:
+    """Steps 3-4 for one candidate micro-batch count: its plan, ``None`` if it does not fit; with ``laid_out``,
+    where worst fit packed every rank, ``[]`` and the plan's :data:`StepLayout` instead (its lists never made).
 
     Step 3: samples to ranks by :func:`~megatron_dpsched.core.balancing.lpt_ranks` (each rank's samples an
     array), each rank with room for
@@ -434,17 +453,19 @@ def _assign_and_pack(
     if len(sizes) <= config.dp_size and num_microbatches >= 1:
         plan = _one_per_rank(sizes, costs, config=config, num_microbatches=num_microbatches)
         if plan is not None:
-            return plan
+            return plan, None
     ranks = lpt_ranks(range(len(sizes)), costs=costs, weights=np.minimum(np.asarray(sizes, dtype=np.int64), cap),
                       capacity=num_microbatches * cap, num_ranks=config.dp_size)
     if ranks is None:
-        return None
+        return None, None
     refits: Refits = {}
     packed = pack_rank_arrays(ranks, sizes, cap, num_microbatches, padded_rows=rows, refits=refits)
+    if laid_out and packed.worst.all():
+        return [], (np.full(len(ranks), num_microbatches, dtype=np.int64), packed.bin_counts, packed.members)
     if not packed.failing():
-        return packed.lists()
+        return packed.lists(), None
     return _repair_overflow(ranks, packed, sizes, costs, config=config, num_microbatches=num_microbatches,
-                            refits=refits)
+                            refits=refits), None
 
 
 def _one_per_rank(

@@ -10,7 +10,9 @@ import re
 import numpy as np
 import pytest
 
-from megatron_dpsched.core.balancing import dearest_first, lpt_ranks, refine_by_moves, refine_laid_out
+from megatron_dpsched.core import planning
+from megatron_dpsched.core.balancing import dearest_first, lpt_ranks, peak_cost, refine_by_moves, refine_laid_out
+from megatron_dpsched.core.config import ScheduleConfig
 from megatron_dpsched.core.cost import DEFAULT_COST_MODEL, sample_costs
 from megatron_dpsched.core.ordering import sorted_runs
 from megatron_dpsched.core.packing import bin_lower_bound, pack_into, pack_rank_arrays, pack_ranks
@@ -169,3 +171,40 @@ def test_best_fit_on_every_rank_when_most_overflow_worst_fit(even_ranks: int) ->
     lists = packed.lists()
     assert lists == [pack_into(items.tolist(), sizes, 10, 2) for items in ranks]
     assert lists[-1] == [[ranks[-1][0], ranks[-1][2]], [ranks[-1][1], ranks[-1][3], ranks[-1][4]]]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_layout_peak_is_the_plans_peak_cost(seed: int) -> None:
+    rng = random.Random(f"peak-{seed}")
+    plan = [[[] for _ in range(rng.randint(0, 4))] for _ in range(rng.randint(1, 9))]
+    count = rng.randint(0, 80)
+    for i in range(count):
+        rank = rng.choice([r for r in plan if r] or [[[]]])
+        rng.choice(rank).append(i)
+    costs = [rng.choice((0.1, 0.7, 1e-9, 3.3)) * rng.randint(1, 9) for _ in range(count)]
+    batches = [mb for rank in plan for mb in rank]
+    layout = (np.array([len(rank) for rank in plan], dtype=np.int64),
+              np.array([len(mb) for mb in batches], dtype=np.int64),
+              np.array([i for mb in batches for i in mb], dtype=np.int64))
+    assert planning._layout_peak(layout, costs) == peak_cost(plan, costs)
+    assert planning._plan_of(layout) == plan
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_step_layout_is_the_step_plan_on_many_ranks(seed: int) -> None:
+    rng = random.Random(f"many-{seed}")
+    cap, dp = rng.choice((64, 100)), rng.choice((16, 24, 40))
+    kind = seed % 4  # short, near the cap, uniform, a few past the cap
+    lengths = [rng.randint(1, cap // 4) if kind == 0 else rng.randint(cap // 2, cap) if kind == 1 else
+               rng.randint(1, cap) if kind == 2 or rng.random() > 0.03 else rng.randint(cap + 1, 3 * cap)
+               for _ in range(rng.randint(dp, 30 * dp))]
+    config = ScheduleConfig(dp_size=dp, global_batch_size=len(lengths), max_tokens_per_gpu=cap,
+                            padded_rows=seed % 5 == 0, balance="none" if seed % 7 == 6 else "cost")
+    costs = ArrayTuple([float(n) + n * n / 50 for n in lengths], np.array([n + n * n / 50 for n in lengths]))
+    kwargs = {"lengths": lengths, "costs": costs, "config": config}
+    per_rank, counts, flat = planning.plan_step_layout(range(len(lengths)), **kwargs)
+    values, ends = flat.tolist(), np.cumsum(counts).tolist()
+    batches = [values[a:b] for a, b in zip([0, *ends[:-1]], ends)]
+    rank_ends = np.cumsum(per_rank).tolist()
+    assert [batches[a:b] for a, b in zip([0, *rank_ends[:-1]], rank_ends)] == planning.plan_step(
+        range(len(lengths)), **kwargs)
