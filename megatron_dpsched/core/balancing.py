@@ -213,13 +213,17 @@ def assign_bins(
     goes to rank ``i % num_ranks``. Returns each rank's bin ids as an int64 array. ``bin_costs``: the bins'
     :func:`python_sums` of ``costs``, when the caller has them.
     """
-    assert len(bins) % num_ranks == 0, (len(bins), num_ranks)
-    per_rank = len(bins) // num_ranks
-    if not balance:
-        return [np.arange(r, len(bins), num_ranks, dtype=np.int64) for r in range(num_ranks)]
-    if bin_costs is None:
+    if balance and bin_costs is None:
         bin_costs = python_sums(costs, bins)
-    owned = lpt_ranks(range(len(bins)), costs=bin_costs, weights=np.ones(len(bins)), capacity=per_rank,
+    return assign_costed(len(bins), num_ranks=num_ranks, bin_costs=bin_costs if balance else None)
+
+
+def assign_costed(count: int, *, num_ranks: int, bin_costs: np.ndarray | None) -> list[np.ndarray]:
+    """:func:`assign_bins` of ``count`` micro-batches known by their costs alone (``None``: round-robin)."""
+    assert count % num_ranks == 0, (count, num_ranks)
+    if bin_costs is None:
+        return [np.arange(r, count, num_ranks, dtype=np.int64) for r in range(num_ranks)]
+    owned = lpt_ranks(range(count), costs=bin_costs, weights=np.ones(count), capacity=count // num_ranks,
                       num_ranks=num_ranks)
     assert owned is not None, "every rank has room for its share of micro-batches"
     return owned

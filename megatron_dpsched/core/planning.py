@@ -16,7 +16,7 @@ import numpy as np
 
 from megatron_dpsched.core import padding
 from megatron_dpsched.core.balancing import (
-    assign_bins,
+    assign_costed,
     lpt_assign,
     lpt_ranks,
     peak_cost,
@@ -420,8 +420,10 @@ def _deal_bins(
     starts[made] = len(flat) + np.cumsum(made_counts) - made_counts
     counts = np.concatenate((counts, np.zeros(len(split) - len(counts), dtype=np.int64)))
     counts[made] = made_counts
-    owners = assign_bins(split, costs=costs, num_ranks=dp, balance=config.balance != "none", bin_costs=bin_costs)
-    del bin_costs, split
+    count = len(split)
+    split.clear()  # its lists are read: freed here, in about the order they were made (the caller's bins are split)
+    owners = assign_costed(count, num_ranks=dp, bin_costs=bin_costs)
+    del bin_costs
     order = np.concatenate(owners)
     counts, starts = counts[order], starts[order]
     flat = np.concatenate((flat, made_flat)) if len(made_flat) else flat
