@@ -187,8 +187,9 @@ def _plan_dynamic(
     sizes: list[int], costs: list[float], *, config: ScheduleConfig, laid_out: bool = False
 ) -> tuple[list[RankPlan], StepLayout | None]:
     """Steps 3-5 with a token cap: the smallest count that balances, within the count of one global packing.
-    With ``laid_out``, a plan of :func:`_deal_bins` comes as its :data:`StepLayout` in plan order and no lists
-    (``[]``); else the plan's lists and ``None``.
+    With ``laid_out``, a plan known as arrays (step 2's count where worst fit packs every rank, :func:`_attempt`,
+    or :func:`_deal_bins`' deal) comes as its :data:`StepLayout` in plan order and no lists (``[]``); else the
+    plan's lists and ``None``.
 
     Steps 3-4 at ``M`` (step 2); a balanced plan (:data:`BALANCE_TOLERANCE`) is kept. Otherwise (a rank
     overflowed, or the cap kept ranks from balancing: heavy tails at high fill) the next legal counts are
@@ -211,7 +212,7 @@ def _plan_dynamic(
             return plan, None
     balanced = _balanced_peak(costs, config)
     plan, layout = _attempt(sizes, costs, config=config, num_microbatches=num_microbatches, laid_out=laid_out)
-    if layout is not None:  # every rank fits by worst fit: balanced, it is the plan (no lists made)
+    if layout is not None:  # worst fit packed every rank: if balanced, that is the plan (its lists never made)
         if _layout_peak(layout, costs) <= balanced:
             return [], layout
         plan = _plan_of(layout)
