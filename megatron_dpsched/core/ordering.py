@@ -170,8 +170,8 @@ def sorted_runs(counts: np.ndarray, flat: np.ndarray) -> np.ndarray:
     if not len(flat):
         return flat
     span = int(flat.max()) + 1
-    offsets = np.repeat(np.arange(len(counts), dtype=np.int64) * span, counts)
     assert span * len(counts) < 2**63, "keys fit in int64"
+    offsets = np.repeat(np.arange(len(counts), dtype=np.int64) * span, counts)
     keyed = np.sort(offsets + flat)
     keyed -= offsets
     return keyed

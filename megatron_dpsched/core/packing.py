@@ -330,9 +330,9 @@ class PackedRanks:
                                          loads=bins.loads.tolist())
         self.pending = {}
         if self.worst.any():
-            bins, num_bins = runs_of(self.members.tolist(), self.bin_counts), len(self.bin_counts) // len(self.worst)
+            bins, per_rank = runs_of(self.members.tolist(), self.bin_counts), len(self.bin_counts) // len(self.worst)
             for r in np.flatnonzero(self.worst).tolist():
-                self.packed[r] = bins[r * num_bins : (r + 1) * num_bins]
+                self.packed[r] = bins[r * per_rank : (r + 1) * per_rank]
             self.worst = np.zeros(len(self.packed), dtype=bool)
             self.members, self.bin_counts = self.members[:0], self.bin_counts[:0]
         return self.packed
