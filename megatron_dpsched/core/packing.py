@@ -515,8 +515,6 @@ def _rank_grid(ranks: Sequence[Sequence[int]], sizes: Sequence[int]) -> Grid:
 
 def _grid_subset(layout: Grid, chosen: np.ndarray) -> Grid:
     """The :func:`_rank_grid` of the ranks where ``chosen`` is true, in order, from that of all ranks."""
-    if chosen.all():
-        return layout
     flat_items, item_sizes, owner, column, grid = layout
     keep = chosen[owner]
     renumber = np.cumsum(chosen) - 1
