@@ -78,8 +78,10 @@ def lpt_ranks(
 def dearest_first(ids: np.ndarray, item_costs: np.ndarray, item_weights: np.ndarray) -> np.ndarray:
     """``np.lexsort((ids, -item_weights, -item_costs))``: by cost descending, then weight descending, then id.
 
-    When ``ids`` ascend, equal costs have equal weights and there are at most 65,536 distinct costs (costs per
-    distinct length), it is a stable radix sort of each item's dense rank among the distinct costs, descending."""
+    When ``ids`` ascend and equal costs have equal weights, it is by cost descending, then position: with at most
+    65,536 distinct costs (costs per distinct length) a stable radix sort of each item's dense rank among the
+    distinct costs, descending; with more, the positions by descending cost (ties in any order) put in order
+    within each run of equal costs by one sort of ``run * count + position``, which is nearly sorted already."""
     count = len(ids)
     if count < 2 or not bool((ids[1:] > ids[:-1]).all()):
         return np.lexsort((ids, -item_weights, -item_costs))
@@ -88,9 +90,13 @@ def dearest_first(ids: np.ndarray, item_costs: np.ndarray, item_weights: np.ndar
     new = sorted_costs[1:] != sorted_costs[:-1]  # NaN: never equal, so no shortcut below
     distinct = int(np.count_nonzero(new)) + 1
     sorted_weights = item_weights[ascending]
-    if distinct > 2**16 or bool(np.isnan(sorted_costs[-1])) or bool(
-            (sorted_weights[1:] != sorted_weights[:-1])[~new].any()):
+    if bool(np.isnan(sorted_costs[-1])) or bool((sorted_weights[1:] != sorted_weights[:-1])[~new].any()):
         return np.lexsort((ids, -item_weights, -item_costs))
+    if distinct > 2**16:
+        runs = np.concatenate(([0], np.cumsum(new[::-1]))) * count  # along the descending order
+        keyed = np.sort(runs + ascending[::-1])
+        keyed -= runs
+        return keyed
     rank = np.empty(count, dtype=np.uint16)
     rank[ascending] = distinct - 1 - np.concatenate(([0], np.cumsum(new))).astype(np.uint16)
     return np.argsort(rank, kind="stable")
@@ -207,13 +213,17 @@ def assign_bins(
     goes to rank ``i % num_ranks``. Returns each rank's bin ids as an int64 array. ``bin_costs``: the bins'
     :func:`python_sums` of ``costs``, when the caller has them.
     """
-    assert len(bins) % num_ranks == 0, (len(bins), num_ranks)
-    per_rank = len(bins) // num_ranks
-    if not balance:
-        return [np.arange(r, len(bins), num_ranks, dtype=np.int64) for r in range(num_ranks)]
-    if bin_costs is None:
+    if balance and bin_costs is None:
         bin_costs = python_sums(costs, bins)
-    owned = lpt_ranks(range(len(bins)), costs=bin_costs, weights=np.ones(len(bins)), capacity=per_rank,
+    return assign_costed(len(bins), num_ranks=num_ranks, bin_costs=bin_costs if balance else None)
+
+
+def assign_costed(count: int, *, num_ranks: int, bin_costs: np.ndarray | None) -> list[np.ndarray]:
+    """:func:`assign_bins` of ``count`` micro-batches known by their costs alone (``None``: round-robin)."""
+    assert count % num_ranks == 0, (count, num_ranks)
+    if bin_costs is None:
+        return [np.arange(r, count, num_ranks, dtype=np.int64) for r in range(num_ranks)]
+    owned = lpt_ranks(range(count), costs=bin_costs, weights=np.ones(count), capacity=count // num_ranks,
                       num_ranks=num_ranks)
     assert owned is not None, "every rank has room for its share of micro-batches"
     return owned
@@ -241,11 +251,43 @@ def refine_by_moves(
     (always alone) are untouched. Every candidate sample is weighed against every target at once with NumPy
     (:class:`_Moves`); loads are running sums, as a one-by-one search keeps them.
     """
+    per_rank = np.fromiter(map(len, plan), dtype=np.int64, count=len(plan))
+    return _refined(plan, sizes=sizes, costs=costs, cap=cap, max_moves=max_moves, padded_rows=padded_rows,
+                    layout=None if layout is None else (per_rank, *layout)).peak()
+
+
+PlanLayout = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""A plan laid out: each rank's micro-batch count, each micro-batch's sample count and all samples, in plan order."""
+
+
+def refine_laid_out(
+    plan: list[list[list[int]]] | None,
+    *,
+    sizes: Sequence[int],
+    costs: Sequence[float],
+    cap: int,
+    max_moves: int,
+    padded_rows: bool = False,
+    layout: PlanLayout,
+) -> tuple[float, PlanLayout]:
+    """:func:`refine_by_moves` of a plan given as its :data:`PlanLayout` (``plan``: its lists, moved alike, or
+    ``None``: none made); returns the refined plan's peak cost and layout."""
+    moves = _refined(plan, sizes=sizes, costs=costs, cap=cap, max_moves=max_moves, padded_rows=padded_rows,
+                     layout=layout)
+    flat = np.concatenate(moves.members) if moves.members else np.zeros(0, dtype=np.int64)
+    return moves.peak(flat), (layout[0], moves.counts, flat)
+
+
+def _refined(
+    plan: list[list[list[int]]] | None, *, sizes: Sequence[int], costs: Sequence[float], cap: int, max_moves: int,
+    padded_rows: bool, layout: PlanLayout | None,
+) -> _Moves:
+    """The state of :func:`refine_by_moves` once its moves are made."""
     moves = _Moves(plan, sizes=sizes, costs=costs, cap=cap, padded_rows=padded_rows, layout=layout)
     for _ in range(max_moves):
         if not moves.step():
             break
-    return moves.peak()
+    return moves
 
 
 TARGETS = 8
@@ -255,24 +297,28 @@ TARGETS = 8
 class _Moves:
     """:func:`refine_by_moves`' state. Micro-batches are numbered over the whole plan, rank by rank (rank
     ``r``'s from ``first[r]``); per micro-batch its sample count, fill and longest sample; per rank its samples
-    in micro-batch order (``members``), its load and its widest room (the largest sample it still takes)."""
+    in micro-batch order (``members``), its load and its widest room (the largest sample it still takes). The
+    plan's lists (``plan``), where given, are moved alike; else the plan is its :data:`PlanLayout` alone."""
 
-    def __init__(self, plan: list[list[list[int]]], *, sizes: Sequence[int], costs: Sequence[float], cap: int,
-                 padded_rows: bool, layout: tuple[np.ndarray, np.ndarray] | None) -> None:
+    def __init__(self, plan: list[list[list[int]]] | None, *, sizes: Sequence[int], costs: Sequence[float],
+                 cap: int, padded_rows: bool, layout: PlanLayout | None) -> None:
         self.plan, self.costs, self.cap, self.padded_rows = plan, costs, cap, padded_rows
         self.size_array = np.asarray(sizes, dtype=np.int64)
         self.cost_array = np.asarray(costs, dtype=np.float64)
-        self.first = np.concatenate(([0], np.cumsum([len(rank) for rank in plan]))).tolist()
         if layout is None:
+            assert plan is not None, "a plan or its layout"
+            self.first = np.concatenate(([0], np.cumsum([len(rank) for rank in plan]))).tolist()
             self.counts, flat, self.fills, self.longest = padding.micro_batch_arrays(
                 list(chain.from_iterable(plan)), self.size_array)
         else:
-            self.counts, flat = layout[0].copy(), layout[1]
+            self.first = np.concatenate(([0], np.cumsum(layout[0]))).tolist()
+            self.counts, flat = layout[1].copy(), layout[2]
             self.fills, self.longest = padding.bin_figures(self.counts, self.size_array[flat])
         per_rank = np.cumsum([0, *(int(self.counts[a:b].sum()) for a, b in zip(self.first, self.first[1:]))])
         self.members = [flat[a:b] for a, b in zip(per_rank[:-1], per_rank[1:])]
         self.loads = run_sums(costs, flat, np.diff(per_rank))
-        self.widest = np.array([int(self.rooms(r).max(initial=0)) for r in range(len(plan))], dtype=np.int64)
+        self.widest = np.array([int(self.rooms(r).max(initial=0)) for r in range(len(self.members))],
+                               dtype=np.int64)
 
     def rooms(self, rank: int) -> np.ndarray:
         """The largest size each micro-batch of ``rank`` still takes (0 or less: none)."""
@@ -280,27 +326,35 @@ class _Moves:
         return padding.rooms(counts=self.counts[at], fills=self.fills[at], longest=self.longest[at], cap=self.cap,
                              padded_rows=self.padded_rows)
 
-    def peak(self) -> float:
-        """:func:`peak_cost` of the plan: each rank's ``members`` are its samples in plan order."""
+    def peak(self, flat: np.ndarray | None = None) -> float:
+        """:func:`peak_cost` of the plan: each rank's ``members`` are its samples in plan order (``flat``: them
+        laid end to end, where made)."""
         counts = np.fromiter(map(len, self.members), dtype=np.int64, count=len(self.members))
-        return float(run_sums(self.costs, np.concatenate(self.members), counts).max(initial=0.0))
+        flat = np.concatenate(self.members) if flat is None else flat
+        return float(run_sums(self.costs, flat, counts).max(initial=0.0))
 
     def step(self) -> bool:
         """Make the best move off the busiest rank; ``False`` when none lowers its cost."""
         loads = self.loads
         source = int(np.argmax(loads))
         targets = lightest(loads, TARGETS)
-        items = self.members[source]
-        items = items[self.counts[self.first[source] + self.bin_of(source, items)] > 1]
-        if not len(items):
+        members = self.members[source]
+        item_costs, source_load, target_loads = self.cost_array[members], float(loads[source]), loads[targets]
+        bins = self.bin_of(source, members)
+        # a move needs ``target load + cost < source load``: true for some target only if for the lightest (sums
+        # round monotonically), so only those samples are weighed, in their order
+        movable = np.flatnonzero((self.counts[self.first[source] + bins] > 1)
+                                 & (target_loads[0] + item_costs < source_load))
+        if not len(movable):
             return False
-        item_costs, source_load = self.cost_array[items], float(loads[source])
-        peaks = np.maximum(source_load - item_costs, loads[targets][:, None] + item_costs)
+        items, item_costs = members[movable], item_costs[movable]
+        peaks = np.maximum(source_load - item_costs, target_loads[:, None] + item_costs)
         allowed = (peaks < source_load) & (self.size_array[items] <= self.widest[targets][:, None])
         if not allowed.any():
             return False
         best = int(np.argmin(np.where(allowed, peaks, np.inf)))
-        self.move(source, int(targets[best // len(items)]), item=int(items[best % len(items)]))
+        position = int(movable[best % len(items)])
+        self.move(source, int(targets[best // len(items)]), position=position, source_bin=int(bins[position]))
         return True
 
     def bin_of(self, rank: int, items: np.ndarray) -> np.ndarray:
@@ -308,24 +362,32 @@ class _Moves:
         counts = self.counts[self.first[rank]:self.first[rank + 1]]
         return np.repeat(np.arange(len(counts)), counts)[:len(items)]
 
-    def move(self, source: int, target: int, *, item: int) -> None:
-        """Move ``item`` from ``source`` into ``target``'s first empty micro-batch, else its first with room."""
+    def move(self, source: int, target: int, *, position: int, source_bin: int) -> None:
+        """Move the sample at ``position`` of ``source``'s members (in its micro-batch ``source_bin``) into
+        ``target``'s first empty micro-batch, else its first with room."""
+        members = self.members[source]
+        item = int(members[position])
         size, cost = int(self.size_array[item]), self.costs[item]
-        position = int(np.flatnonzero(self.members[source] == item)[0])
-        source_bin = int(self.bin_of(source, self.members[source])[position])
         fills = self.fills[self.first[target]:self.first[target + 1]]
         empty = np.flatnonzero(fills == 0)
         into = int(empty[0]) if len(empty) else int(np.argmax(self.rooms(target) >= size))
-        self.plan[source][source_bin].remove(item)
-        self.plan[target][into].append(item)
-        self.members[source] = np.delete(self.members[source], position)
+        if self.plan is not None:
+            self.plan[source][source_bin].remove(item)
+            self.plan[target][into].append(item)
+        self.members[source] = np.concatenate((members[:position], members[position + 1:]))
         end = int(self.counts[self.first[target]:self.first[target] + into + 1].sum())
-        self.members[target] = np.insert(self.members[target], end, item)
+        into_members = self.members[target]
+        self.members[target] = np.concatenate((into_members[:end], members[position:position + 1], into_members[end:]))
         for rank, b, sign in ((source, source_bin, -1), (target, into, 1)):
             at = self.first[rank] + b
             self.counts[at] += sign
             self.fills[at] += sign * size
-            self.longest[at] = max((int(self.size_array[i]) for i in self.plan[rank][b]), default=0)
+        at = self.first[target] + into
+        self.longest[at] = max(int(self.longest[at]), size)
+        at = self.first[source] + source_bin
+        if size >= self.longest[at]:  # the longest left: its micro-batch's samples read again
+            start = int(self.counts[self.first[source]:at].sum())
+            self.longest[at] = int(self.size_array[self.members[source][start:start + self.counts[at]]].max())
         self.loads[source] = float(self.loads[source]) - cost
         self.loads[target] = float(self.loads[target]) + cost
         for rank in (source, target):

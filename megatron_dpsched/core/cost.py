@@ -52,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from megatron_dpsched.core.padding import ArrayTuple
 from megatron_dpsched.core.steptime import StepTimeModel
 from megatron_dpsched.core.validation import (
     all_ints,
@@ -342,22 +343,25 @@ def require_cost_model(cost_model: object) -> None:
 
 
 def sample_costs(
-    lengths: Sequence[int], cost_model: CostFunction | None
+    lengths: Sequence[int], cost_model: CostFunction | None, *, array: np.ndarray | None = None
 ) -> tuple[float, ...]:
     """Cost of every sample: its token count when ``cost_model`` is ``None``.
 
     ``cost_model`` is called once per distinct length, in order of first appearance; the costs are checked
     once per distinct length too (:func:`~megatron_dpsched.core.validation.require_costs` names the first bad
-    sample)."""
+    sample), and then come as an :class:`~megatron_dpsched.core.padding.ArrayTuple` (their float64 array made
+    from the distinct ones). ``array``: the lengths as int64, where the caller has them (they are then known to be
+    Python ints, :func:`~megatron_dpsched.core.validation.checked_lengths`)."""
     if cost_model is None:
         return tuple(float(length) for length in lengths)
     require_cost_model(cost_model)
-    if not lengths or not all_ints(lengths):
-        return _sample_costs_one_by_one(lengths, cost_model)
-    try:
-        array = np.fromiter(lengths, dtype=np.int64, count=len(lengths))
-    except OverflowError:
-        return _sample_costs_one_by_one(lengths, cost_model)
+    if array is None:
+        if not lengths or not all_ints(lengths):
+            return _sample_costs_one_by_one(lengths, cost_model)
+        try:
+            array = np.fromiter(lengths, dtype=np.int64, count=len(lengths))
+        except OverflowError:
+            return _sample_costs_one_by_one(lengths, cost_model)
     distinct, first, inverse = distinct_values(array)
     values: list[object] = [None] * len(distinct)
     for j in np.argsort(first).tolist():
@@ -366,7 +370,8 @@ def sample_costs(
         return _sample_costs_one_by_one(lengths, cost_model)  # the error names the first bad sample
     shared = np.empty(len(values), dtype=object)  # one float object per distinct length, shared by its samples
     shared[:] = [float(value) for value in values]
-    return require_costs(shared[inverse], len(lengths), checked=True)
+    costs = require_costs(shared[inverse], len(lengths), checked=True)
+    return ArrayTuple(costs, shared.astype(np.float64)[inverse])
 
 
 def distinct_values(array: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -118,19 +118,26 @@ def order_ranks(
 
 
 def ordered_layout(
-    ranks: list[list[list[int]]], costs: Sequence[float], order: str, *, run_sums: RunSums
+    ranks: list[list[list[int]]], costs: Sequence[float], order: str, *, run_sums: RunSums,
+    layout: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`order_ranks`'s plan laid out in NumPy, its micro-batches not made again: each rank's micro-batch
     count, every micro-batch's sample count (rank after rank, in run order) and their samples end to end.
     ``ranks`` is read once, rank by rank, each rank let go once read (while in cache), and left empty;
-    ``"none"`` and the pipeline orders are sorted in NumPy (the same keys as :func:`order_ranks`)."""
+    ``"none"`` and the pipeline orders are sorted in NumPy (the same keys as :func:`order_ranks`). ``layout``:
+    the plan as each rank's micro-batch count, each micro-batch's sample count and all samples, in plan order,
+    where known (then ``ranks`` is not read and the micro-batches are sorted in NumPy, :func:`sorted_runs`)."""
     if order != "none" and not padding.all_floats(costs):
+        assert layout is None, "a layout comes with costs all Python floats"
         ordered = order_ranks(ranks, costs, order, run_sums=run_sums)
         counts = np.fromiter(map(len, chain.from_iterable(ordered)), dtype=np.int64)
         flat = np.fromiter(chain.from_iterable(chain.from_iterable(ordered)), dtype=np.int64, count=int(counts.sum()))
         return np.fromiter(map(len, ordered), dtype=np.int64, count=len(ordered)), counts, flat
-    per_rank = np.fromiter(map(len, ranks), dtype=np.int64, count=len(ranks))
-    counts, flat = _laid_out(ranks, drain=True)
+    if layout is None:
+        per_rank = np.fromiter(map(len, ranks), dtype=np.int64, count=len(ranks))
+        counts, flat = _laid_out(ranks, drain=True)
+    else:
+        per_rank, counts, flat = layout[0], layout[1], sorted_runs(*layout[1:])
     starts, firsts = _first_samples(counts, flat)
     filled = counts > 0
     rank_ids = np.repeat(np.arange(len(per_rank)), per_rank)
@@ -155,6 +162,19 @@ def _arranged(
     _, firsts = _first_samples(counts, flat)
     ascending = np.lexsort((firsts, run_sums(costs, flat, counts), np.repeat(np.arange(len(ranks)), per_rank)))
     return per_rank, counts, flat, _arrange_ranks(ascending, per_rank, order)
+
+
+def sorted_runs(counts: np.ndarray, flat: np.ndarray) -> np.ndarray:
+    """``flat`` (non-negative ids), each run of ``counts`` samples sorted: one sort of ``run * span + id``, which
+    the runs leave nearly in order."""
+    if not len(flat):
+        return flat
+    span = int(flat.max()) + 1
+    assert span * len(counts) < 2**63, "keys fit in int64"
+    offsets = np.repeat(np.arange(len(counts), dtype=np.int64) * span, counts)
+    keyed = np.sort(offsets + flat)
+    keyed -= offsets
+    return keyed
 
 
 def _first_samples(counts: np.ndarray, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import accumulate, chain, pairwise
 
 import numpy as np
 
 from megatron_dpsched.core.fits import best_fit_owners, chunk_starts, decreasing_order, item_arrays
-from megatron_dpsched.core.padding import collated_size, collated_sizes
+from megatron_dpsched.core.padding import bin_figures, collated_size, collated_sizes, micro_batch_arrays
 
 
 def bin_lower_bound(sizes: Sequence[int], cap: int, *, padded_rows: bool = False) -> int:
@@ -222,10 +222,12 @@ SMALL_BINS = 64
 
 def split_owned(
     out: list[list[int]], sizes: Sequence[int], num_bins: int, *, padded_rows: bool = False,
-    loads: Sequence[int] | None = None,
+    loads: Sequence[int] | None = None, replaced: list[int] | None = None,
 ) -> list[list[int]]:
     """:func:`split_to_count` on bins the caller hands over: ``out`` is extended and its entries replaced
-    (never the bins themselves), and returned."""
+    (never the bins themselves), and returned. ``replaced``, when given, receives the position of each bin given
+    that a split replaced (a position once per split)."""
+    given = len(out)
     assert len(out) <= num_bins, (len(out), num_bins)
     if len(out) == num_bins:
         return out
@@ -240,6 +242,8 @@ def split_owned(
         _, i = pop(heap)
         first, second = halve(out[i], sizes)
         out[i] = first
+        if replaced is not None and i < given:
+            replaced.append(i)
         out.append(second)
         for j, items in ((i, first), (len(out) - 1, second)):
             if len(items) > 1:  # a padded-rows half is longest first: its collated size is its rows times the first
@@ -304,35 +308,117 @@ def pack_ranks(
     best-fit pass on all ranks where worst fit overflowed (:func:`best_fit_ranks`). ``refits``, when given,
     receives the best-fit (or chunked) micro-batches of the ranks that do not fit, where this pass made them.
     A rank's items may be a NumPy array (:func:`~megatron_dpsched.core.balancing.lpt_ranks`)."""
+    return pack_rank_arrays(ranks, sizes, cap, num_bins, padded_rows=padded_rows, refits=refits).lists()
+
+
+def pack_rank_arrays(
+    ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int, num_bins: int, *, padded_rows: bool = False,
+    refits: Refits | None = None,
+) -> PackedRanks:
+    """:func:`pack_ranks` as :class:`PackedRanks`: the micro-batches of worst fit, and those of best fit (or the
+    padded-rows chunks) still to split, made lists only when asked."""
     total, width = sum(len(items) for items in ranks), max((len(items) for items in ranks), default=0)
     if padded_rows:
-        return [_fit_or_refit(rank, bins, sizes, num_bins, padded_rows=True, refits=refits)
-                for rank, bins in enumerate(_chunk_ranks(ranks, sizes, cap))]
-    if len(ranks) < VECTOR_RANKS or width * len(ranks) > 4 * total + 65536:
-        return [pack_into(items.tolist() if isinstance(items, np.ndarray) else items, sizes, cap, num_bins)
-                for items in ranks]
-    layout = _rank_grid(ranks, sizes)
-    packed = _worst_fit_ranks(ranks, sizes, cap, num_bins, layout=layout)
-    overflowed = [r for r, bins in enumerate(packed) if bins is None]  # pack_into's worst fit fails there too
-    if not overflowed:
+        packed = PackedRanks([None] * len(ranks))
+        packed.defer(enumerate(_chunk_ranks(ranks, sizes, cap)), sizes, num_bins, padded_rows=True, refits=refits)
         return packed
-    subset = _grid_subset(layout, np.array([bins is None for bins in packed], dtype=bool))
-    best_fits = _best_fit_arrays([ranks[r] for r in overflowed], sizes, cap, layout=subset)
-    for r, bins in zip(overflowed, best_fits, strict=True):
-        packed[r] = _fit_or_refit(r, bins, sizes, num_bins, padded_rows=False, refits=refits)
+    if len(ranks) < VECTOR_RANKS or width * len(ranks) > 4 * total + 65536:
+        return PackedRanks([pack_into(items.tolist() if isinstance(items, np.ndarray) else items, sizes, cap,
+                                      num_bins) for items in ranks])
+    layout = _rank_grid(ranks, sizes)
+    packed = _worst_fit_packed(ranks, sizes, cap, num_bins, layout=layout)
+    overflowed = np.flatnonzero(~packed.worst).tolist()  # pack_into's worst fit fails there too
+    if 4 * len(overflowed) >= 3 * len(ranks):  # most: best fit on every rank (each its own), no subset copied
+        best_fits = _best_fit_arrays(ranks, sizes, cap, layout=layout)
+        packed.defer(((r, best_fits[r]) for r in overflowed), sizes, num_bins, padded_rows=False, refits=refits)
+    elif overflowed:
+        subset = _grid_subset(layout, ~packed.worst)
+        best_fits = _best_fit_arrays([ranks[r] for r in overflowed], sizes, cap, layout=subset)
+        packed.defer(zip(overflowed, best_fits, strict=True), sizes, num_bins, padded_rows=False, refits=refits)
     return packed
 
 
-def _fit_or_refit(
-    rank: int, bins: BinArrays, sizes: Sequence[int], num_bins: int, *, padded_rows: bool, refits: Refits | None
-) -> list[list[int]] | None:
-    """``rank``'s best-fit (padded rows: chunked) micro-batches ``bins`` split to ``num_bins``
-    (:func:`split_owned`), or ``None`` where they are more, and then ``bins`` go to ``refits`` (when given)."""
-    if len(bins.counts) <= num_bins:
-        return split_owned(bins.bins(), sizes, num_bins, padded_rows=padded_rows, loads=bins.loads.tolist())
-    if refits is not None:
-        refits[rank] = bins
-    return None
+class PackedRanks:
+    """Every rank's micro-batches from :func:`pack_rank_arrays`: ``packed`` per rank its micro-batches as lists
+    (``None``: it does not fit, or they are still arrays); the others made lists by :meth:`lists`. The ranks worst
+    fit packed (``worst``): their samples bin by bin (``members``), each of their ranks' ``num_bins``
+    micro-batches' sample count (``bin_counts``, ranks in order). The ranks with fewer best-fit (or chunked)
+    micro-batches than the count (``pending``): those, to split (:func:`split_owned`) as ``split_by`` says (the
+    sizes, the count, ``padded_rows``)."""
+
+    __slots__ = ("packed", "worst", "members", "bin_counts", "pending", "split_by")
+
+    def __init__(self, packed: list[list[list[int]] | None], *, worst: np.ndarray | None = None,
+                 members: np.ndarray | None = None, bin_counts: np.ndarray | None = None) -> None:
+        self.packed = packed
+        self.worst = np.zeros(len(packed), dtype=bool) if worst is None else worst
+        self.members = np.zeros(0, dtype=np.int64) if members is None else members
+        self.bin_counts = np.zeros(0, dtype=np.int64) if bin_counts is None else bin_counts
+        self.pending: dict[int, BinArrays] = {}
+        self.split_by: tuple[Sequence[int], int, bool] = ((), 0, False)
+
+    def defer(self, fitted: Iterable[tuple[int, BinArrays]], sizes: Sequence[int], num_bins: int, *,
+              padded_rows: bool, refits: Refits | None) -> None:
+        """Ranks' best-fit (padded rows: chunked) micro-batches: pending where they are at most ``num_bins``, else
+        the rank does not fit (and they go to ``refits``, when given)."""
+        self.split_by = (sizes, num_bins, padded_rows)
+        for rank, bins in fitted:
+            if len(bins.counts) <= num_bins:
+                self.pending[rank] = bins
+            elif refits is not None:
+                refits[rank] = bins
+
+    def failing(self) -> list[int]:
+        """The ranks that do not fit, in order."""
+        return [r for r, bins in enumerate(self.packed)
+                if bins is None and not self.worst[r] and r not in self.pending]
+
+    def lists(self) -> list[list[list[int]] | None]:
+        """Every rank's micro-batches as lists (``None`` where it does not fit); the arrays are let go."""
+        sizes, num_bins, padded_rows = self.split_by
+        for r, bins in self.pending.items():
+            self.packed[r] = split_owned(bins.bins(), sizes, num_bins, padded_rows=padded_rows,
+                                         loads=bins.loads.tolist())
+        self.pending = {}
+        if self.worst.any():
+            bins, per_rank = runs_of(self.members.tolist(), self.bin_counts), len(self.bin_counts) // len(self.worst)
+            for r in np.flatnonzero(self.worst).tolist():
+                self.packed[r] = bins[r * per_rank : (r + 1) * per_rank]
+            self.worst = np.zeros(len(self.packed), dtype=bool)
+            self.members, self.bin_counts = self.members[:0], self.bin_counts[:0]
+        return self.packed
+
+    def figures(self, size_array: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each micro-batch's sample count, planned tokens and longest planned size, over every rank that fits, in
+        no particular order: the lists', the worst-fit ranks' arrays, and the pending ranks' (:meth:`_pending`)."""
+        fitting = list(chain.from_iterable(bins for bins in self.packed if bins is not None))
+        parts = [micro_batch_arrays(fitting, size_array)]
+        if self.worst.any():
+            worst_counts = self.bin_counts.reshape(len(self.worst), -1)[self.worst].ravel()
+            parts.append((worst_counts, None, *bin_figures(worst_counts, size_array[self.members])))
+        if self.pending:
+            parts.extend(self._pending(size_array))
+        return tuple(np.concatenate([part[k] for part in parts]) for k in (0, 2, 3))
+
+    def _pending(self, size_array: np.ndarray) -> list[tuple[np.ndarray, ...]]:
+        """The pending ranks' micro-batches once split, as :func:`micro_batch_arrays` of the split ones (only the
+        bins a split may reach are made lists: a rank's ``num_bins - len`` fullest with two samples or more, in
+        their order, split by :func:`split_owned` as it splits them among all) and the figures of the others."""
+        sizes, num_bins, padded_rows = self.split_by
+        pending = list(self.pending.values())
+        counts = np.concatenate([bins.counts for bins in pending])
+        fills, longest = bin_figures(counts, size_array[np.concatenate([bins.members for bins in pending])])
+        kept, split, offset = np.ones(len(counts), dtype=bool), [], 0
+        for bins in pending:
+            splits, starts = num_bins - len(bins.counts), np.cumsum(bins.counts) - bins.counts
+            multi = np.flatnonzero(bins.counts > 1)
+            chosen = np.sort(multi[np.argsort(-bins.loads[multi], kind="stable")[:splits]]).tolist()
+            kept[[offset + b for b in chosen]] = False
+            members = [bins.members[starts[b] : starts[b] + bins.counts[b]].tolist() for b in chosen]
+            split += split_owned(members, sizes, len(chosen) + splits, padded_rows=padded_rows,
+                                 loads=bins.loads[chosen].tolist())
+            offset += len(bins.counts)
+        return [(counts[kept], None, fills[kept], longest[kept]), micro_batch_arrays(split, size_array)]
 
 
 def chunk_ranks(ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int) -> list[BinArrays]:
@@ -343,8 +429,9 @@ def chunk_ranks(ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int) 
 
 def split_chunks(chunks: Sequence[BinArrays], sizes: Sequence[int], num_bins: int) -> list[list[list[int]] | None]:
     """:func:`pack_ranks` with ``padded_rows`` at ``num_bins`` of the ranks whose :func:`chunk_ranks` are given."""
-    return [_fit_or_refit(rank, bins, sizes, num_bins, padded_rows=True, refits=None)
-            for rank, bins in enumerate(chunks)]
+    packed = PackedRanks([None] * len(chunks))
+    packed.defer(enumerate(chunks), sizes, num_bins, padded_rows=True, refits=None)
+    return packed.lists()
 
 
 def _chunk_ranks(ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int) -> list[BinArrays]:
@@ -402,10 +489,17 @@ VECTOR_RANKS = 16
 def _worst_fit_ranks(
     ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int, num_bins: int, *, layout: Grid | None = None
 ) -> list[list[list[int]] | None]:
-    """:func:`worst_fit_decreasing` of every rank, ``None`` for a rank whose pass overflows: step ``t`` hands
-    every rank its ``t``-th longest item (ties in the rank's order), each to its lightest micro-batch (the
-    first of equals), so the choices are the heap's (``layout``: :func:`_rank_grid` of the ranks, if known).
-    Ranks that failed leave the step's arrays once they are a quarter of those still there."""
+    """:func:`_worst_fit_packed` with every rank's micro-batches as lists."""
+    return _worst_fit_packed(ranks, sizes, cap, num_bins, layout=layout).lists()
+
+
+def _worst_fit_packed(
+    ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int, num_bins: int, *, layout: Grid | None = None
+) -> PackedRanks:
+    """:func:`worst_fit_decreasing` of every rank (the ranks that fit as :class:`PackedRanks`' arrays, the others
+    ``None``): step ``t`` hands every rank its ``t``-th longest item (ties in the rank's order), each to its
+    lightest micro-batch (the first of equals), so the choices are the heap's (``layout``: :func:`_rank_grid` of
+    the ranks, if known). Ranks that failed leave the step's arrays once they are a quarter of those still there."""
     flat_items, item_sizes, owner, column, grid = layout or _rank_grid(ranks, sizes)
     width, full = grid.shape[0], 1 << 62  # an oversize sample's micro-batch: full
     loads = np.zeros((len(ranks), num_bins), dtype=np.int64)  # the live ranks' micro-batches' loads
@@ -440,13 +534,14 @@ def _worst_fit_ranks(
             if not len(live):
                 break
     if failed.all():
-        return [None] * len(ranks)
+        return PackedRanks([None] * len(ranks))
     key = owner * num_bins + chosen[column, owner]
     if failed.any():  # a failed rank's bins are never read
         keep = ~failed[owner]
         flat_items, key = flat_items[keep], key[keep]
-    bins = _gather_bins(flat_items, key, len(ranks) * num_bins)
-    return [None if failed[r] else bins[r * num_bins : (r + 1) * num_bins] for r in range(len(ranks))]
+    key = key.astype(small_int(len(ranks) * num_bins))
+    return PackedRanks([None] * len(ranks), worst=~failed, members=flat_items[np.argsort(key, kind="stable")],
+                       bin_counts=np.bincount(key, minlength=len(ranks) * num_bins))
 
 
 Grid = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]

@@ -80,7 +80,17 @@ def step_sizes(lengths: Sequence[int], *, pad_multiple: int) -> ArrayTuple:
     if pad_multiple == 1:
         return array_tuple(lengths, np.int64)
     values = -(-np.asarray(array_tuple(lengths, np.int64)) // pad_multiple) * pad_multiple
-    return ArrayTuple(values.tolist(), values)
+    return ArrayTuple(shared_ints(values), values)
+
+
+def shared_ints(values: np.ndarray) -> list[int]:
+    """``values.tolist()`` (non-negative int64), one Python int per distinct value shared by its entries where the
+    values span at most ``4 * len(values) + 65536`` integers (a million planned sizes then take a few MiB, not
+    one object each)."""
+    high = int(values.max(initial=0))
+    if not len(values) or int(values.min()) < 0 or high > 4 * len(values) + 65536:
+        return values.tolist()
+    return np.arange(high + 1).astype(object)[values].tolist()
 
 
 def collated_size(items: Sequence[int], sizes: Sequence[int], *, padded_rows: bool) -> int:

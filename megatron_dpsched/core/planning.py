@@ -10,19 +10,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from itertools import chain
-from operator import is_not
+from itertools import accumulate, chain, pairwise
 
 import numpy as np
 
 from megatron_dpsched.core import padding
 from megatron_dpsched.core.balancing import (
-    assign_bins,
+    assign_costed,
     lpt_assign,
     lpt_ranks,
     peak_cost,
     python_sums,
     refine_by_moves,
+    refine_laid_out,
     run_sums,
 )
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
@@ -30,13 +30,15 @@ from megatron_dpsched.core.objective import MAX_STALE_COUNTS, count_bound, plan_
 from megatron_dpsched.core.ordering import order_ranks, ordered_layout
 from megatron_dpsched.core.packing import (
     BinArrays,
+    PackedRanks,
     Refits,
     best_fit_decreasing,
     best_fit_ranks,
     bin_lower_bound,
     first_fit_below,
     flat_lists,
-    pack_ranks,
+    pack_rank_arrays,
+    runs_of,
     split_owned,
     split_to_count,
 )
@@ -62,7 +64,7 @@ def plan_step(
     ``pad_multiple`` tokens to a sample (and packed attention runs on the real ``cu_seqlens``); and the
     lengths are what the plan stores, fingerprints and checks against the data.
     """
-    ranks, local_costs = _plan_positions(samples, lengths=lengths, costs=costs, config=config)
+    ranks, local_costs, _ = _plan_positions(samples, lengths=lengths, costs=costs, config=config)
     if config.step_time_model is None:  # every rank at once
         ranks = order_ranks(ranks, local_costs, config.microbatch_order, run_sums=run_sums)
     first = samples[0]
@@ -83,9 +85,10 @@ def plan_step_layout(
     samples: Sequence[int], *, lengths: Sequence[int], costs: Sequence[float], config: ScheduleConfig
 ) -> StepLayout:
     """:func:`plan_step` as a :data:`StepLayout`: the same plan, its micro-batches never made as global ids."""
-    ranks, local_costs = _plan_positions(samples, lengths=lengths, costs=costs, config=config)
+    ranks, local_costs, layout = _plan_positions(samples, lengths=lengths, costs=costs, config=config, laid_out=True)
     if config.step_time_model is None:
-        per_rank, counts, flat = ordered_layout(ranks, local_costs, config.microbatch_order, run_sums=run_sums)
+        per_rank, counts, flat = ordered_layout(ranks, local_costs, config.microbatch_order, run_sums=run_sums,
+                                                layout=layout)
     else:
         per_rank = np.fromiter(map(len, ranks), dtype=np.int64, count=len(ranks))
         counts, flat = flat_lists(list(chain.from_iterable(ranks)))
@@ -96,10 +99,12 @@ def plan_step_layout(
 
 
 def _plan_positions(
-    samples: Sequence[int], *, lengths: Sequence[int], costs: Sequence[float], config: ScheduleConfig
-) -> tuple[list[RankPlan], Sequence[float]]:
+    samples: Sequence[int], *, lengths: Sequence[int], costs: Sequence[float], config: ScheduleConfig,
+    laid_out: bool = False,
+) -> tuple[list[RankPlan], Sequence[float], StepLayout | None]:
     """Steps 2-6 (step 7 too, which returns its plan in run order) of one step, in positions within the step;
-    with the step's costs."""
+    with the step's costs. ``laid_out``: where step 5's plan has its layout (:func:`_plan_dynamic`), it comes as
+    a :data:`StepLayout` in plan order instead of lists (``[]``)."""
     first = samples[0]
     contiguous = samples[-1] - first + 1 == len(samples)  # sorted and distinct: a range
     if contiguous and first == 0 and len(samples) == len(lengths):
@@ -111,13 +116,16 @@ def _plan_positions(
         local_lengths, local_costs = [lengths[i] for i in samples], [costs[i] for i in samples]
     local_sizes = padding.step_sizes(local_lengths, pad_multiple=config.pad_multiple)
     local_costs = padding.array_tuple(local_costs, np.float64)
+    layout = None
     if config.micro_batch_size is not None:
         ranks = _plan_static(local_sizes, local_costs, config=config)
     else:
-        ranks = _plan_dynamic(local_sizes, local_costs, config=config)
+        laid_out = laid_out and config.step_time_model is None and (  # what ordered_layout takes
+            config.microbatch_order == "none" or padding.all_floats(local_costs))
+        ranks, layout = _plan_dynamic(local_sizes, local_costs, config=config, laid_out=laid_out)
     if config.step_time_model is not None:  # step 7 returns its plan in run order
-        ranks = _plan_step_time(ranks, local_sizes, local_costs, config=config)
-    return ranks, local_costs
+        ranks, layout = _plan_step_time(ranks, local_sizes, local_costs, config=config), None
+    return ranks, local_costs, layout
 
 
 def lower_bound_microbatches(sizes: Sequence[int], *, config: ScheduleConfig) -> int:
@@ -175,8 +183,13 @@ dearest sample)``; a larger micro-batch count must cut the busiest rank's cost b
 to be chosen."""
 
 
-def _plan_dynamic(sizes: list[int], costs: list[float], *, config: ScheduleConfig) -> list[RankPlan]:
+def _plan_dynamic(
+    sizes: list[int], costs: list[float], *, config: ScheduleConfig, laid_out: bool = False
+) -> tuple[list[RankPlan], StepLayout | None]:
     """Steps 3-5 with a token cap: the smallest count that balances, within the count of one global packing.
+    With ``laid_out``, a plan known as arrays (step 2's count where worst fit packs every rank, :func:`_attempt`,
+    or :func:`_deal_bins`' deal) comes as its :data:`StepLayout` in plan order and no lists (``[]``); else the
+    plan's lists and ``None``.
 
     Steps 3-4 at ``M`` (step 2); a balanced plan (:data:`BALANCE_TOLERANCE`) is kept. Otherwise (a rank
     overflowed, or the cap kept ranks from balancing: heavy tails at high fill) the next legal counts are
@@ -186,48 +199,78 @@ def _plan_dynamic(sizes: list[int], costs: list[float], *, config: ScheduleConfi
     the first count that does. A larger count is kept only if it cuts the busiest rank's cost by more than
     :data:`BALANCE_TOLERANCE`; the search stops after :data:`~megatron_dpsched.core.objective.MAX_STALE_COUNTS`
     larger counts in a row bring nothing. A plan not yet balanced is first refined (:func:`_refine`). If no
-    count up to ``U`` fits, :func:`_plan_by_bins` deals the global packing, which always works;
+    count up to ``U`` fits, :func:`_deal_bins` deals the global packing, which always works;
     ``balance="none"`` goes straight to it.
     """
     if config.balance == "none":
-        return _plan_by_bins(_global_packing(sizes, config), sizes, costs, config=config)[0]
+        layout = _deal_bins(_global_packing(sizes, config), sizes, costs, config=config)
+        return ([], layout) if laid_out else (_plan_of(layout), None)
     num_microbatches = lower = lower_bound_microbatches(sizes, config=config)
     if len(sizes) <= config.dp_size:  # balanced: the busiest rank costs the dearest sample
         plan = _one_per_rank(sizes, costs, config=config, num_microbatches=num_microbatches)
         if plan is not None:
-            return plan
+            return plan, None
     balanced = _balanced_peak(costs, config)
-    plan = _assign_and_pack(sizes, costs, config=config, num_microbatches=num_microbatches)
+    plan, layout = _attempt(sizes, costs, config=config, num_microbatches=num_microbatches, laid_out=laid_out)
+    if layout is not None:  # worst fit packed every rank: if balanced, that is the plan (its lists never made)
+        if _layout_peak(layout, costs) <= balanced:
+            return [], layout
+        plan = _plan_of(layout)
     global_bins: list[list[int]] | None = None
-    upper = num_microbatches
+    upper, upper_known = num_microbatches, False
     if plan is None:  # the lower bound does not fit: find the first count that does, in O(log) tries
         global_bins = _global_packing(sizes, config)
-        upper = _bins_count(global_bins, config)
+        upper, upper_known = _bins_count(global_bins, config), True
         num_microbatches, plan = _first_fitting_count(sizes, costs, config=config, low=num_microbatches, high=upper)
-    best, best_peak = None, math.inf
+    best, best_peak, best_layout = None, math.inf, None
     stale = 0  # larger counts tried in a row without a better plan
     while True:
-        peak = peak_cost(plan, costs)
+        peak, layout = peak_cost(plan, costs), None
         if peak > balanced:
-            global_bins = global_bins or _global_packing(sizes, config)
-            upper = _bins_count(global_bins, config)
-            layout = None
+            if not upper_known:
+                global_bins = _global_packing(sizes, config)
+                upper, upper_known = _bins_count(global_bins, config), True
             if plan is None and best is None and num_microbatches >= upper:
-                plan, layout = _plan_by_bins(global_bins, sizes, costs, config=config)
+                layout = _deal_bins(global_bins or _global_packing(sizes, config), sizes, costs, config=config)
+                global_bins = None  # the layout holds its micro-batches: its lists are freed, in the order made
+                plan = [] if laid_out else _plan_of(layout)  # laid out: the lists are never made
             if plan is not None:
-                peak = _refine(plan, sizes, costs, config=config, layout=layout)
+                peak, layout = _refine(plan or None, sizes, costs, config=config, layout=layout)
         stale = stale + 1 if best is not None else 0
         if peak < best_peak * (1 - BALANCE_TOLERANCE):
-            best, best_peak, stale = plan, peak, 0
+            best, best_peak, best_layout, stale = plan, peak, layout, 0
         if best_peak <= balanced or stale >= MAX_STALE_COUNTS:
-            return best
-        if best is not None and num_microbatches >= _reach(best, costs, config=config, upper=upper, lower_bound=lower):
-            return best
+            return _result(best, best_layout, laid_out=laid_out)
+        if best is not None and num_microbatches >= _reach(best or _plan_of(best_layout), costs, config=config,
+                                                           upper=upper, lower_bound=lower):
+            return _result(best, best_layout, laid_out=laid_out)
         num_microbatches = config.layout.next_legal(num_microbatches)
         plan = _assign_and_pack(sizes, costs, config=config, num_microbatches=num_microbatches)
         if (plan is not None and not config.balance_growth
                 and num_microbatches > max(upper, count_bound(plan, config=config, lower_bound=lower))):
             plan = None  # past ``U`` for a tail: each plan within its own ``B``
+
+
+def _result(
+    plan: list[RankPlan], layout: StepLayout | None, *, laid_out: bool
+) -> tuple[list[RankPlan], StepLayout | None]:
+    """:func:`_plan_dynamic`'s result: with ``laid_out`` and ``layout`` known (then ``plan`` is ``[]``), the plan's
+    :data:`StepLayout` and no lists; else the plan's lists."""
+    return ([], layout) if laid_out and layout is not None else (plan, None)
+
+
+def _layout_peak(layout: StepLayout, costs: Sequence[float]) -> float:
+    """:func:`~megatron_dpsched.core.balancing.peak_cost` of a plan given as its :data:`StepLayout`."""
+    per_rank, counts, flat = layout
+    ends = np.concatenate(([0], np.cumsum(counts)))[np.cumsum(per_rank)]  # where each rank's samples end
+    return float(run_sums(costs, flat, np.diff(ends, prepend=0)).max(initial=0.0))
+
+
+def _plan_of(layout: StepLayout) -> list[RankPlan]:
+    """The plan of a :data:`StepLayout` as lists."""
+    per_rank, counts, flat = layout
+    bins = runs_of(flat.tolist(), counts)
+    return [bins[a:b] for a, b in pairwise(accumulate(per_rank.tolist(), initial=0))]
 
 
 def _reach(best: list[RankPlan], costs: list[float], *, config: ScheduleConfig, upper: int, lower_bound: int) -> int:
@@ -276,14 +319,19 @@ def _balanced_peak(costs: list[float], config: ScheduleConfig) -> float:
 
 
 def _refine(
-    plan: list[RankPlan], sizes: list[int], costs: list[float], *, config: ScheduleConfig, layout: Layout | None = None
-) -> float:
+    plan: list[RankPlan] | None, sizes: list[int], costs: list[float], *, config: ScheduleConfig,
+    layout: StepLayout | None = None,
+) -> tuple[float, StepLayout | None]:
     """Step 5's refinement (:func:`~megatron_dpsched.core.balancing.refine_by_moves`, in place): single samples
     move off the busiest rank into a lighter rank's micro-batch with room while that lowers the busiest rank's
     cost, at most ``4 * dp_size`` moves; returns the refined plan's busiest rank's cost
-    (:func:`~megatron_dpsched.core.balancing.peak_cost`). ``layout``: the plan's :data:`Layout`, if known."""
-    return refine_by_moves(plan, sizes=sizes, costs=costs, cap=config.token_cap, max_moves=4 * config.dp_size,
-                           padded_rows=config.padded_rows, layout=layout)
+    (:func:`~megatron_dpsched.core.balancing.peak_cost`) and, when the plan's :data:`StepLayout` is given, the
+    refined plan's (``plan`` ``None``: its lists are not made)."""
+    kwargs = {"sizes": sizes, "costs": costs, "cap": config.token_cap, "max_moves": 4 * config.dp_size,
+              "padded_rows": config.padded_rows}
+    if layout is None:
+        return refine_by_moves(plan, **kwargs), None
+    return refine_laid_out(plan, **kwargs, layout=layout)
 
 
 def _bins_count(bins: list[list[int]], config: ScheduleConfig) -> int:
@@ -345,48 +393,58 @@ def _global_packing(sizes: list[int], config: ScheduleConfig) -> list[list[int]]
     return first_fit_below(items, sizes, cap, limit=len(best_fit)) or best_fit  # ties: best fit
 
 
-def _plan_by_bins(
+def _deal_bins(
     bins: list[list[int]], sizes: Sequence[int], costs: Sequence[float], *, config: ScheduleConfig
-) -> tuple[list[RankPlan], Layout]:
+) -> StepLayout:
     """Step 5's fallback: the global micro-batches ``bins`` split to ``U * dp_size``
     (:func:`~megatron_dpsched.core.packing.split_to_count`) and dealt to ranks by LPT on cost, which always
-    works (``balance="none"``: round-robin). ``bins`` are handed over: their lists become the plan's.
+    works (``balance="none"``: round-robin); the plan as its :data:`StepLayout` (:func:`_plan_of`: its lists).
+    ``bins`` are handed over (split in place).
 
-    Also returns the plan's :data:`Layout`. The bins are flattened once: their collated sizes, costs and the
-    layout come from that, and only the bins the split made are read again."""
+    The bins are flattened once: their collated sizes, costs and the layout come from that, and only the bins
+    the split made are read again."""
     dp, rows = config.dp_size, config.padded_rows
     num_microbatches = config.layout.align(math.ceil(len(bins) / dp))
     counts, flat = flat_lists(bins)
     size_array = np.asarray(sizes, dtype=np.int64)
     loads = padding.collated_of(counts, size_array[flat], padded_rows=rows)
-    split = split_owned(list(bins), sizes, num_microbatches * dp, padded_rows=rows, loads=loads)
-    made = np.flatnonzero(np.fromiter(map(is_not, bins, split), dtype=bool, count=len(bins))).tolist()
-    made += range(len(bins), len(split))
+    replaced: list[int] = []
+    split = split_owned(bins, sizes, num_microbatches * dp, padded_rows=rows, loads=loads, replaced=replaced)
+    del loads  # each array goes as soon as it is read: this is the fallback's peak of memory
+    made = sorted(set(replaced)) + list(range(len(counts), len(split)))
     made_counts, made_flat = flat_lists([split[b] for b in made])
     bin_costs = None
     if config.balance != "none":
-        bin_costs = np.concatenate((run_sums(costs, flat, counts), np.zeros(len(split) - len(bins))))
+        bin_costs = np.concatenate((run_sums(costs, flat, counts), np.zeros(len(split) - len(counts))))
         bin_costs[made] = python_sums(costs, [split[b] for b in made])
     starts = np.zeros(len(split), dtype=np.int64)
-    starts[:len(bins)] = np.cumsum(counts) - counts
+    starts[:len(counts)] = np.cumsum(counts) - counts
     starts[made] = len(flat) + np.cumsum(made_counts) - made_counts
-    counts = np.concatenate((counts, np.zeros(len(split) - len(bins), dtype=np.int64)))
+    counts = np.concatenate((counts, np.zeros(len(split) - len(counts), dtype=np.int64)))
     counts[made] = made_counts
-    owners = assign_bins(split, costs=costs, num_ranks=dp, balance=config.balance != "none", bin_costs=bin_costs)
+    count = len(split)
+    split.clear()  # its lists are read: freed here, in about the order they were made (the caller's bins are split)
+    owners = assign_costed(count, num_ranks=dp, bin_costs=bin_costs)
+    del bin_costs
     order = np.concatenate(owners)
-    counts = counts[order]
-    layout = counts, padding.gather_runs(np.concatenate((flat, made_flat)), starts[order], counts)
-    return [list(map(split.__getitem__, owned.tolist())) for owned in owners], layout
-
-
-Layout = tuple[np.ndarray, np.ndarray]
-"""A plan's micro-batches' sample counts (rank by rank, in plan order) and all its samples in that order."""
+    counts, starts = counts[order], starts[order]
+    flat = np.concatenate((flat, made_flat)) if len(made_flat) else flat
+    per_rank = np.fromiter(map(len, owners), dtype=np.int64, count=len(owners))
+    return per_rank, counts, padding.gather_runs(flat, starts, counts)
 
 
 def _assign_and_pack(
     sizes: list[int], costs: list[float], *, config: ScheduleConfig, num_microbatches: int
 ) -> list[RankPlan] | None:
-    """Steps 3-4 for one candidate micro-batch count; ``None`` if it does not fit.
+    """Steps 3-4 for one candidate micro-batch count; ``None`` if it does not fit (:func:`_attempt`)."""
+    return _attempt(sizes, costs, config=config, num_microbatches=num_microbatches)[0]
+
+
+def _attempt(
+    sizes: list[int], costs: list[float], *, config: ScheduleConfig, num_microbatches: int, laid_out: bool = False
+) -> tuple[list[RankPlan] | None, StepLayout | None]:
+    """Steps 3-4 for one candidate micro-batch count: its plan, ``None`` if it does not fit; with ``laid_out``,
+    where worst fit packed every rank, ``[]`` and the plan's :data:`StepLayout` instead (its lists never made).
 
     Step 3: samples to ranks by :func:`~megatron_dpsched.core.balancing.lpt_ranks` (each rank's samples an
     array), each rank with room for
@@ -399,17 +457,19 @@ def _assign_and_pack(
     if len(sizes) <= config.dp_size and num_microbatches >= 1:
         plan = _one_per_rank(sizes, costs, config=config, num_microbatches=num_microbatches)
         if plan is not None:
-            return plan
+            return plan, None
     ranks = lpt_ranks(range(len(sizes)), costs=costs, weights=np.minimum(np.asarray(sizes, dtype=np.int64), cap),
                       capacity=num_microbatches * cap, num_ranks=config.dp_size)
     if ranks is None:
-        return None
+        return None, None
     refits: Refits = {}
-    packed = pack_ranks(ranks, sizes, cap, num_microbatches, padded_rows=rows, refits=refits)
-    if all(bins is not None for bins in packed):
-        return packed
+    packed = pack_rank_arrays(ranks, sizes, cap, num_microbatches, padded_rows=rows, refits=refits)
+    if laid_out and packed.worst.all():
+        return [], (np.full(len(ranks), num_microbatches, dtype=np.int64), packed.bin_counts, packed.members)
+    if not packed.failing():
+        return packed.lists(), None
     return _repair_overflow(ranks, packed, sizes, costs, config=config, num_microbatches=num_microbatches,
-                            refits=refits)
+                            refits=refits), None
 
 
 def _one_per_rank(
@@ -432,7 +492,7 @@ def _one_per_rank(
 
 def _repair_overflow(
     ranks: list[np.ndarray],
-    packed: list[RankPlan | None],
+    packed: PackedRanks | list[RankPlan | None],
     sizes: list[int],
     costs: list[float],
     *,
@@ -442,9 +502,12 @@ def _repair_overflow(
 ) -> list[RankPlan] | None:
     """A rank whose samples need more than ``num_microbatches`` micro-batches hands the samples of its emptiest
     ones (best-fit decreasing, by collated size) to the least-loaded ranks with room; ``None`` if one fits nowhere.
-    ``refits``: those micro-batches where :func:`~megatron_dpsched.core.packing.pack_ranks` made them."""
+    ``refits``: those micro-batches where :func:`~megatron_dpsched.core.packing.pack_ranks` made them. ``packed``:
+    each rank's micro-batches (``None`` where it does not fit), as lists or as
+    :class:`~megatron_dpsched.core.packing.PackedRanks` (made lists only once the repair may succeed)."""
     cap, rows = config.token_cap, config.padded_rows
-    failing = [rank for rank, bins in enumerate(packed) if bins is None]
+    packed = packed if isinstance(packed, PackedRanks) else PackedRanks(list(packed))
+    failing = packed.failing()
     missing = [rank for rank in failing if rank not in refits]
     if rows:
         refits.update((r, BinArrays.of(bins, collated_sizes(bins, sizes, padded_rows=True)))
@@ -459,7 +522,7 @@ def _repair_overflow(
     counts, flat = flat_lists(ranks)
     loads = run_sums(costs, flat, counts).tolist()
     homeless: list[int] = []
-    bins_per_rank = list(packed)
+    bins_per_rank = list(packed.lists())
     for rank, (bins, collated) in ((r, (refits[r].bins(), refits[r].loads.tolist())) for r in failing):
         order = sorted(range(len(bins)), key=lambda b: -collated[b])
         for item in (i for b in order[num_microbatches:] for i in bins[b]):
@@ -473,7 +536,7 @@ def _repair_overflow(
 
 
 def _rehome_fails(
-    packed: list[RankPlan | None], refitted: list[BinArrays], *, sizes: Sequence[int], config: ScheduleConfig,
+    packed: PackedRanks, refitted: list[BinArrays], *, sizes: Sequence[int], config: ScheduleConfig,
     num_microbatches: int,
 ) -> bool:
     """Whether :func:`_rehome` fails for certain, from the micro-batches' rooms and the homeless samples' sizes
@@ -482,7 +545,8 @@ def _rehome_fails(
     ``t``, for some ``t`` over half the widest room (two such never share one).
 
     ``refitted``: each failing rank's refit micro-batches; its ``num_microbatches`` fullest (ties: the first)
-    stay, the others' samples are homeless. ``packed``: the ranks that fit, ``None`` else."""
+    stay, the others' samples are homeless. ``packed``: the ranks' micro-batches (``None`` where one does not
+    fit)."""
     cap, rows, size_array = config.token_cap, config.padded_rows, np.asarray(sizes, dtype=np.int64)
     collated = np.concatenate([bins.loads for bins in refitted]) if refitted else np.zeros(0, dtype=np.int64)
     counts = np.concatenate([bins.counts for bins in refitted]) if refitted else np.zeros(0, dtype=np.int64)
@@ -492,8 +556,7 @@ def _rehome_fails(
     stays[order] = np.arange(len(order)) - np.repeat(np.cumsum(per_rank) - per_rank, per_rank) < num_microbatches
     members = np.concatenate([bins.members for bins in refitted]) if refitted else np.zeros(0, dtype=np.int64)
     homeless = size_array[members[~np.repeat(stays, counts)]]
-    fitting = list(chain.from_iterable(bins for bins in packed if bins is not None))
-    fit_counts, _, fills, longest = padding.micro_batch_arrays(fitting, size_array)
+    fit_counts, fills, longest = packed.figures(size_array)
     kept_longest = collated[stays] // np.maximum(counts[stays], 1) if rows else collated[stays]
     rooms = padding.rooms(counts=np.concatenate((counts[stays], fit_counts)),
                           fills=np.concatenate((collated[stays], fills)),

@@ -89,11 +89,11 @@ import numpy as np
 
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
 from megatron_dpsched.core.cost import DEFAULT_COST_MODEL, CostFunction, require_cost_model, sample_costs
-from megatron_dpsched.core.padding import array_tuple
+from megatron_dpsched.core.padding import ArrayTuple, array_tuple
 from megatron_dpsched.core.planning import StepLayout, plan_step_layout
-from megatron_dpsched.core.steps import split_steps
+from megatron_dpsched.core.steps import split_steps, step_ranges
 from megatron_dpsched.core.steptime import StepTimeModel
-from megatron_dpsched.core.validation import ArgumentError, require_lengths
+from megatron_dpsched.core.validation import ArgumentError, checked_lengths
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -289,11 +289,15 @@ def plan_schedule(
 ) -> DPSchedule:
     """:func:`build_dp_schedule` with the options already gathered in a :class:`ScheduleConfig`; every way in
     plans here, on the main thread with the cyclic collector paused (:func:`_collector_paused`)."""
-    lengths = require_lengths(lengths)
+    lengths, length_array = checked_lengths(lengths)
     _check_static_layout(config, groups)
-    steps, dropped = split_steps(
-        len(lengths), global_batch_size=config.global_batch_size, groups=groups, drop_last=config.drop_last
-    )
+    if groups is None:  # consecutive ranges, never made lists
+        steps, dropped = step_ranges(len(lengths), global_batch_size=config.global_batch_size,
+                                     drop_last=config.drop_last)
+    else:
+        steps, dropped = split_steps(
+            len(lengths), global_batch_size=config.global_batch_size, groups=groups, drop_last=config.drop_last
+        )
     if not steps:
         raise ValueError(
             f"lengths holds {len(lengths)} samples, fewer than one global_batch_size="
@@ -302,8 +306,9 @@ def plan_schedule(
     _check_plan_size(config, steps)
     steps = [range(step[0], step[-1] + 1) if step[-1] - step[0] + 1 == len(step) else step for step in steps]
     require_cost_model(cost_model)
-    costs = sample_costs(lengths, _cost_function(config, cost_model))
-    lengths, costs = array_tuple(lengths, np.int64), array_tuple(costs, np.float64)  # one copy each while planning
+    costs = sample_costs(lengths, _cost_function(config, cost_model), array=length_array)
+    lengths = array_tuple(lengths, np.int64) if length_array is None else ArrayTuple(lengths, length_array)
+    costs = array_tuple(costs, np.float64)  # one copy each while planning
     layouts = [plan_step_layout(step, lengths=lengths, costs=costs, config=config) for step in steps]
     lengths, costs = tuple(lengths), tuple(costs)  # the arrays freed before assembly
     return DPSchedule(

@@ -22,10 +22,8 @@ def split_steps(
     units is kept as a smaller step, or dropped (and reported) with ``drop_last``.
     """
     if groups is None:  # a unit per sample: steps are consecutive ranges
-        steps = [list(range(start, min(start + global_batch_size, num_samples)))
-                 for start in range(0, num_samples, global_batch_size)]
-        dropped = steps.pop() if drop_last and num_samples % global_batch_size else []
-        return steps, dropped
+        ranges, dropped = step_ranges(num_samples, global_batch_size=global_batch_size, drop_last=drop_last)
+        return list(map(list, ranges)), list(dropped)
     units = _units(num_samples, groups)
     steps = [
         sorted(i for unit in units[start : start + global_batch_size] for i in unit)
@@ -34,6 +32,14 @@ def split_steps(
     dropped: list[int] = []
     if drop_last and len(units) % global_batch_size:
         dropped = steps.pop()
+    return steps, dropped
+
+
+def step_ranges(num_samples: int, *, global_batch_size: int, drop_last: bool) -> tuple[list[range], range]:
+    """:func:`split_steps` without groups, each step and the dropped samples a ``range``."""
+    steps = [range(start, min(start + global_batch_size, num_samples))
+             for start in range(0, num_samples, global_batch_size)]
+    dropped = steps.pop() if drop_last and num_samples % global_batch_size else range(0)
     return steps, dropped
 
 

@@ -6,6 +6,8 @@ import math
 import numbers
 from collections.abc import Mapping, Sequence, Set
 
+import numpy as np
+
 MAX_TOKENS = 2**31 - 1
 """Largest token count of a sample or a cap: Megatron's ``cu_seqlens`` are 32-bit integers."""
 
@@ -62,12 +64,28 @@ def require_sequence(name: str, values: object) -> Sequence:
 
 def require_lengths(lengths: Sequence[int], *, name: str = "lengths") -> tuple[int, ...]:
     """Validate per-sample token counts: a non-empty sequence of integers in ``1..MAX_TOKENS``."""
+    return checked_lengths(lengths, name=name)[0]
+
+
+def checked_lengths(lengths: Sequence[int], *, name: str = "lengths") -> tuple[tuple[int, ...], np.ndarray | None]:
+    """:func:`require_lengths`, with the lengths as an int64 array where they are all Python ints (else ``None``):
+    the one conversion that checks their range also serves the planner."""
     require_sequence(name, lengths)
     if len(lengths) == 0:
         raise ArgumentError(f"{name} is empty: there is nothing to schedule", argument=name)
     values = tuple(lengths)
-    if all_ints(values) and 1 <= min(values) and max(values) <= MAX_TOKENS:
-        return values  # the common case, at C speed
+    if all_ints(values):  # the common case, at C speed
+        try:
+            array = np.fromiter(values, dtype=np.int64, count=len(values))
+        except OverflowError:  # past int64: named below
+            array = None
+        if array is not None and 1 <= int(array.min()) and int(array.max()) <= MAX_TOKENS:
+            return values, array
+    return _one_by_one(lengths, name), None
+
+
+def _one_by_one(lengths: Sequence[int], name: str) -> tuple[int, ...]:
+    """The lengths checked one at a time, the first bad one named; NumPy integers made Python ints."""
     out = []
     for index, value in enumerate(lengths):
         if not is_int(value) or not 1 <= value <= MAX_TOKENS:

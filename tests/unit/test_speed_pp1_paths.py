@@ -121,7 +121,9 @@ def test_the_fallback_deal_is_the_split_and_dealt_packing_with_its_layout(seed: 
     split = split_to_count(bins, list(sizes), count * dp, padded_rows=rows)
     owners = assign_bins(split, costs=list(costs), num_ranks=dp, balance=balance != "none")
     expected = [[split[b] for b in owned.tolist()] for owned in owners]
-    plan, (counts, flat) = planning._plan_by_bins(bins, sizes, costs, config=config)
+    per_rank, counts, flat = planning._deal_bins(bins, sizes, costs, config=config)
+    plan = planning._plan_of((per_rank, counts, flat))
+    assert per_rank.tolist() == [count] * dp
     assert plan == expected
     assert counts.tolist() == [len(mb) for mb in chain.from_iterable(plan)]
     assert flat.tolist() == list(chain.from_iterable(chain.from_iterable(plan)))
