@@ -2,7 +2,7 @@
 (step 6 in :mod:`~megatron_dpsched.core.ordering`, step 7's search in :mod:`~megatron_dpsched.core.objective`).
 
 Names: ``lengths`` are real token counts; ``sizes`` are planned sizes (what the cap counts,
-:func:`plan_step`); ``costs`` are what ranks are balanced by. Below :func:`plan_step`, sample ids
+:func:`plan_step_layout`); ``costs`` are what ranks are balanced by. Below :func:`plan_step_layout`, sample ids
 are positions in the step.
 """
 
@@ -27,7 +27,7 @@ from megatron_dpsched.core.balancing import (
 )
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
 from megatron_dpsched.core.objective import MAX_STALE_COUNTS, count_bound, plan_for_step_time, tail_heavy
-from megatron_dpsched.core.ordering import order_ranks, ordered_layout
+from megatron_dpsched.core.ordering import ordered_layout
 from megatron_dpsched.core.packing import (
     BinArrays,
     PackedRanks,
@@ -44,16 +44,15 @@ from megatron_dpsched.core.packing import (
 )
 from megatron_dpsched.core.padding import collated_sizes
 
+StepLayout = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""One step's plan laid out: each rank's micro-batch count, every micro-batch's sample count (rank after rank, in
+run order) and their global sample ids end to end."""
 
-def plan_step(
-    samples: Sequence[int],
-    *,
-    lengths: Sequence[int],
-    costs: Sequence[float],
-    config: ScheduleConfig,
-) -> list[RankPlan]:
-    """One step: per rank, its micro-batches (global sample ids) in run order (a whole run keeps
-    :func:`plan_step_layout`'s arrays instead).
+
+def plan_step_layout(
+    samples: Sequence[int], *, lengths: Sequence[int], costs: Sequence[float], config: ScheduleConfig
+) -> StepLayout:
+    """One step: per rank, its micro-batches (global sample ids) in run order, as a :data:`StepLayout`.
 
     ``lengths`` and ``costs`` are indexed by global sample id. The step is planned on planned sizes
     (lengths rounded up to ``pad_multiple``) wherever it counts tokens: the lower bound, rank
@@ -64,27 +63,6 @@ def plan_step(
     ``pad_multiple`` tokens to a sample (and packed attention runs on the real ``cu_seqlens``); and the
     lengths are what the plan stores, fingerprints and checks against the data.
     """
-    ranks, local_costs, _ = _plan_positions(samples, lengths=lengths, costs=costs, config=config)
-    if config.step_time_model is None:  # every rank at once
-        ranks = order_ranks(ranks, local_costs, config.microbatch_order, run_sums=run_sums)
-    first = samples[0]
-    contiguous = samples[-1] - first + 1 == len(samples)  # sorted and distinct: a range
-    if contiguous and first == 0:
-        return ranks
-    if contiguous:
-        return [[[first + i for i in mb] for mb in rank] for rank in ranks]
-    return [[[samples[i] for i in mb] for mb in rank] for rank in ranks]
-
-
-StepLayout = tuple[np.ndarray, np.ndarray, np.ndarray]
-"""One step's plan laid out: each rank's micro-batch count, every micro-batch's sample count (rank after rank, in
-run order) and their global sample ids end to end."""
-
-
-def plan_step_layout(
-    samples: Sequence[int], *, lengths: Sequence[int], costs: Sequence[float], config: ScheduleConfig
-) -> StepLayout:
-    """:func:`plan_step` as a :data:`StepLayout`: the same plan, its micro-batches never made as global ids."""
     ranks, local_costs, layout = _plan_positions(samples, lengths=lengths, costs=costs, config=config, laid_out=True)
     if config.step_time_model is None:
         per_rank, counts, flat = ordered_layout(ranks, local_costs, config.microbatch_order, run_sums=run_sums,

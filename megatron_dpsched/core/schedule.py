@@ -10,7 +10,7 @@ Terms:
 
 * cost: what ranks are balanced by, ``cost_model(length)`` or with ``balance="tokens"`` the
   length (:func:`build_dp_schedule`); always that of the real length
-  (:func:`~megatron_dpsched.core.planning.plan_step`).
+  (:func:`~megatron_dpsched.core.planning.plan_step_layout`).
 * planned size: a sample's length rounded up to ``pad_multiple``; a micro-batch's collated
   size is the sum of its samples' planned sizes, or with ``padded_rows`` its sample count times
   its longest planned size (:mod:`~megatron_dpsched.core.padding`). With the defaults both are

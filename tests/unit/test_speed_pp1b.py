@@ -1,5 +1,6 @@
 """The NumPy layout of a step's plan (``plan_step_layout``, ``ordered_layout``) and the schedule assembled from it
-against the general path: ``plan_step``'s lists (``order_ranks``) and ``assemble_schedule``."""
+against the general path: the planner's lists ordered by ``order_ranks`` (``plan_lists.plan_step``) and
+``assemble_schedule``."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import random
 
 import numpy as np
 import pytest
+from plan_lists import layout_lists, plan_step
 
 from megatron_dpsched.core import balancing, planning
 from megatron_dpsched.core.balancing import run_sums
@@ -23,13 +25,6 @@ def _config(rng: random.Random, order: str) -> ScheduleConfig:
                           padded_rows=rng.random() < 0.5, pad_multiple=rng.choice((1, 8)))
 
 
-def _as_lists(per_rank: np.ndarray, counts: np.ndarray, flat: np.ndarray) -> list[list[list[int]]]:
-    values, ends = flat.tolist(), np.cumsum(counts).tolist()
-    batches = [values[a:b] for a, b in zip([0, *ends[:-1]], ends)]
-    rank_ends = np.cumsum(per_rank).tolist()
-    return [batches[a:b] for a, b in zip([0, *rank_ends[:-1]], rank_ends)]
-
-
 @pytest.mark.parametrize("order", ["none", "pipeline"])
 @pytest.mark.parametrize("seed", range(12))
 def test_step_layout_is_the_step_plan(order: str, seed: int) -> None:
@@ -41,8 +36,8 @@ def test_step_layout_is_the_step_plan(order: str, seed: int) -> None:
     start = rng.randint(0, len(lengths) - count)
     for samples in (range(count), range(start, start + count), sorted(rng.sample(range(len(lengths)), count))):
         kwargs = {"lengths": lengths, "costs": costs, "config": config}
-        plan = planning.plan_step(samples, **kwargs)
-        assert _as_lists(*planning.plan_step_layout(samples, **kwargs)) == plan
+        plan = plan_step(samples, **kwargs)
+        assert layout_lists(planning.plan_step_layout(samples, **kwargs)) == plan
 
 
 @pytest.mark.parametrize("order", ["none", "pipeline"])
@@ -55,7 +50,7 @@ def test_schedule_from_layouts_is_the_assembled_schedule(order: str, seed: int) 
     steps, dropped = split_steps(len(lengths), global_batch_size=config.global_batch_size, groups=None,
                                  drop_last=config.drop_last)
     costs = array_tuple(list(schedule.costs), np.float64)
-    plans = [planning.plan_step(step, lengths=lengths, costs=costs, config=config) for step in steps]
+    plans = [plan_step(step, lengths=lengths, costs=costs, config=config) for step in steps]
     general = assemble_schedule(plans, lengths=tuple(lengths), costs=schedule.costs, groups=None, config=config,
                                 dropped=dropped)
     assert schedule == general
@@ -78,7 +73,7 @@ def test_ordered_layout_is_order_ranks(order: str, seed: int) -> None:
         costs = [int(c) for c in costs]
     copy = [[list(mb) for mb in rank] for rank in ranks]
     expected = order_ranks(copy, costs, order, run_sums=run_sums)
-    assert _as_lists(*ordered_layout(ranks, costs, order, run_sums=run_sums)) == expected
+    assert layout_lists(ordered_layout(ranks, costs, order, run_sums=run_sums)) == expected
 
 
 @pytest.mark.parametrize("seed", range(60))

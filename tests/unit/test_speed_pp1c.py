@@ -9,6 +9,7 @@ import re
 
 import numpy as np
 import pytest
+from plan_lists import layout_lists, plan_step
 
 from megatron_dpsched.core import planning
 from megatron_dpsched.core.balancing import dearest_first, lpt_ranks, peak_cost, refine_by_moves, refine_laid_out
@@ -202,9 +203,5 @@ def test_step_layout_is_the_step_plan_on_many_ranks(seed: int) -> None:
                             padded_rows=seed % 5 == 0, balance="none" if seed % 7 == 6 else "cost")
     costs = ArrayTuple([float(n) + n * n / 50 for n in lengths], np.array([n + n * n / 50 for n in lengths]))
     kwargs = {"lengths": lengths, "costs": costs, "config": config}
-    per_rank, counts, flat = planning.plan_step_layout(range(len(lengths)), **kwargs)
-    values, ends = flat.tolist(), np.cumsum(counts).tolist()
-    batches = [values[a:b] for a, b in zip([0, *ends[:-1]], ends)]
-    rank_ends = np.cumsum(per_rank).tolist()
-    assert [batches[a:b] for a, b in zip([0, *rank_ends[:-1]], rank_ends)] == planning.plan_step(
-        range(len(lengths)), **kwargs)
+    plan = layout_lists(planning.plan_step_layout(range(len(lengths)), **kwargs))
+    assert plan == plan_step(range(len(lengths)), **kwargs)

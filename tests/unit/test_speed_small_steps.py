@@ -10,6 +10,7 @@ import random
 
 import numpy as np
 import pytest
+from plan_lists import plan_step
 
 from megatron_dpsched.core import planning
 from megatron_dpsched.core.balancing import lpt_ranks
@@ -94,10 +95,10 @@ def test_small_step_plans_are_those_of_the_general_search(seed: int, monkeypatch
     step_sizes_of = [lengths[i] for i in samples]
     bound = config.layout.align(math.ceil(bin_lower_bound(step_sizes_of, 512, padded_rows=config.padded_rows) / dp))
     assert planning.lower_bound_microbatches(step_sizes_of, config=config) == bound
-    fast = planning.plan_step(samples, lengths=lengths, costs=costs, config=config)
+    fast = plan_step(samples, lengths=lengths, costs=costs, config=config)
     monkeypatch.setattr(planning, "_one_per_rank", lambda *args, **kwargs: None)
     monkeypatch.setattr(planning, "lower_bound_microbatches", lambda sizes, *, config: bound)
-    assert fast == planning.plan_step(samples, lengths=lengths, costs=costs, config=config)
+    assert fast == plan_step(samples, lengths=lengths, costs=costs, config=config)
 
 
 @pytest.mark.parametrize("seed", range(30))
