@@ -237,11 +237,9 @@ def refine_by_moves(
     cap: int,
     max_moves: int,
     padded_rows: bool = False,
-    layout: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> float:
     """Move single samples off the busiest rank while that lowers its cost (in place); returns the refined plan's
-    :func:`peak_cost`. ``layout``: each micro-batch's sample count and all of ``plan``'s samples in plan order,
-    when the caller has them.
+    :func:`peak_cost` (:func:`refine_laid_out` where the plan's layout is known).
 
     Each move takes, from the busiest rank, the sample whose move to one of the :data:`TARGETS` lightest ranks
     (ties: the lower rank) lowers the pair's peak most; ties go to the lighter target, then to the sample that
@@ -251,9 +249,8 @@ def refine_by_moves(
     (always alone) are untouched. Every candidate sample is weighed against every target at once with NumPy
     (:class:`_Moves`); loads are running sums, as a one-by-one search keeps them.
     """
-    per_rank = np.fromiter(map(len, plan), dtype=np.int64, count=len(plan))
     return _refined(plan, sizes=sizes, costs=costs, cap=cap, max_moves=max_moves, padded_rows=padded_rows,
-                    layout=None if layout is None else (per_rank, *layout)).peak()
+                    layout=None).peak()
 
 
 PlanLayout = tuple[np.ndarray, np.ndarray, np.ndarray]
