@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property, partial
@@ -157,7 +157,9 @@ class StepTimer:
 
     def candidate(self, plan: list[RankPlan]) -> Candidate:
         """``plan`` in run order with the slowest rank's simulated makespan: step 6's order, or with
-        ``pp_size > 1`` and order ``"pipeline"`` the fastest order of each rank (:func:`_choose_orders`)."""
+        ``pp_size > 1`` and order ``"pipeline"`` the fastest order of each rank (:func:`_choose_orders`). Where
+        many ranks are timed at once (:meth:`_rows_apply`), ``plan``'s micro-batches are sorted in place and are
+        the candidate's."""
         order = self.config.microbatch_order
         if order not in PIPELINE_ORDERS:
             ordered = [order_micro_batches(rank, self.costs, order) for rank in plan]
@@ -296,18 +298,13 @@ class StepTimer:
         batches: list[list[int]], items: np.ndarray, lengths: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """``items`` (the micro-batches' samples end to end) with each micro-batch's samples in index order, and the
-        micro-batches as sorted lists (an object array): ``batches`` themselves where each is in order, else new
-        lists made from the sorted samples, those of one length at a time."""
+        micro-batches (an object array): ``batches`` themselves, each sorted in place where one is out of order (a
+        candidate's plan is its own: no list or number is made again)."""
         owners = np.repeat(np.arange(len(batches)), lengths)
-        if not bool(((items[1:] < items[:-1]) & (owners[1:] == owners[:-1])).any()):
-            return items, np.fromiter(batches, dtype=object, count=len(batches))
-        items = items[np.argsort(owners * (int(items.max()) + 1) + items, kind="stable")]
-        starts, out = np.cumsum(lengths) - lengths, np.empty(len(batches), dtype=object)
-        for length in np.unique(lengths).tolist():
-            which = np.flatnonzero(lengths == length)
-            rows = items[starts[which][:, None] + np.arange(length)].tolist()  # each a new list
-            out[which] = np.fromiter(rows, dtype=object, count=len(rows))
-        return items, out
+        if bool(((items[1:] < items[:-1]) & (owners[1:] == owners[:-1])).any()):
+            deque(map(list.sort, batches), maxlen=0)
+            items = items[np.argsort(owners * (int(items.max()) + 1) + items, kind="stable")]
+        return items, np.fromiter(batches, dtype=object, count=len(batches))
 
     def _cost_sums(self, items: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         """Python's sum of each micro-batch's costs (its samples end to end in ``items``, in that order): with at
@@ -352,7 +349,7 @@ class StepTimer:
         planned = np.asarray(self.sizes, dtype=np.float64) if self._planned is None else self._planned
         values = a * planned + b * planned * planned
         counts, flat = flat_ranks(plan)
-        loads = run_sums(values.tolist(), flat, counts).tolist()  # Python's sum of each rank's work, plan order
+        loads = _python_sums(values, flat, counts)  # Python's sum of each rank's work, plan order
         dearest = rank_maxima(plan, values, flat=(counts, flat))
         by_work = sorted(range(len(plan)), key=lambda r: -loads[r])[:SCREEN_RANKS]
         by_sample = sorted(range(len(plan)), key=lambda r: (-dearest[r], -loads[r]))[:SCREEN_RANKS]
@@ -385,6 +382,22 @@ class StepTimer:
         return model.seconds_per_token * tokens + model.seconds_per_token_pair * pairs + model.seconds_per_microbatch
 
 
+def _python_sums(values: np.ndarray, flat: np.ndarray, counts: np.ndarray) -> list[float]:
+    """:func:`~megatron_dpsched.core.balancing.run_sums` of ``values`` (float64) as Python floats over the runs laid
+    end to end in ``flat`` (``counts``: their lengths), made Python floats a block of runs at a time (about
+    :data:`SUM_BLOCK` values: each run's sum is its own)."""
+    ends = np.cumsum(counts)
+    cuts = np.unique(np.searchsorted(ends, np.arange(SUM_BLOCK, int(ends[-1]) if len(ends) else 0, SUM_BLOCK)))
+    bounds = [0, *cuts.tolist(), len(counts)]
+    sums: list[float] = []
+    for a, b in zip(bounds, bounds[1:]):
+        start, stop = int(ends[a - 1]) if a else 0, int(ends[b - 1]) if b else 0
+        sums += run_sums(values[flat[start:stop]].tolist(), np.arange(stop - start), counts[a:b]).tolist()
+    return sums
+
+
+SUM_BLOCK = 1 << 17
+""":func:`_python_sums` makes at most about this many values Python floats at once (4 MiB of floats)."""
 ROWS_MICRO_BATCHES = 256
 """:meth:`StepTimer.candidate` times fewer than :data:`~megatron_dpsched.core.steptime.VECTOR_RANKS` ranks at once too
 where they hold this many micro-batches (a long pipeline schedule)."""
@@ -466,12 +479,13 @@ def plan_for_step_time(
     bound = count_bound(default, config=config, lower_bound=lower_bound, most=most)
     fitted = default if len(default[0]) <= bound else repack_ranks(default, sizes, config, bound)
     assert fitted is not None, "one sample per micro-batch always fits"
+    # step 5 may have reached; with one sample a rank, no rank costs more than the dearest sample
+    heavy = most > 1 and tail_heavy(fitted, costs)  # in the default's own order: the candidate sorts its lists
     base = timer.candidate(fitted)
     fewer = _fewer_counts(base, timer, replan=replan, lower_bound=lower_bound)
     candidates = [base, *fewer]
     limit = bound if growth_limit is None else max(base.num_microbatches, min(bound, growth_limit))
-    # step 5 may have reached; with one sample a rank, no rank costs more than the dearest sample
-    if (most > 1 and tail_heavy(fitted, costs)) or (fewer and tail_heavy(fewer[0].plan, costs)):
+    if heavy or (fewer and tail_heavy(fewer[0].plan, costs)):
         candidates += _tail_counts(base, timer, replan=replan, limit=limit, lower_bound=lower_bound)
     if config.pp_size > 1:  # with one stage a rank's time is its micro-batches' sum: more never help
         seed = min((c for c in candidates if c.num_microbatches >= base.num_microbatches), key=lambda c: c.seconds)
