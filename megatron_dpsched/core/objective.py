@@ -183,7 +183,7 @@ class StepTimer:
         """:meth:`_candidate_rows` applies: many ranks (or :data:`ROWS_MICRO_BATCHES` micro-batches) of one count,
         forward times exact in NumPy."""
         return ((len(plan) >= VECTOR_RANKS or len(plan) * len(plan[0]) >= ROWS_MICRO_BATCHES)
-                and not self.config.padded_rows and self._planned is not None and len(set(map(len, plan))) == 1)
+                and self._planned is not None and len(set(map(len, plan))) == 1)
 
     def _candidate_rows(self, plan: list[RankPlan], orders: Sequence[str]) -> Candidate:
         """:meth:`candidate` of many ranks of one count at once with NumPy, the same plan and times: each rank's
@@ -228,7 +228,7 @@ class StepTimer:
     def _batch_times(self, ranks: list[RankPlan]) -> list[list[float]]:
         """:meth:`_forward_time` of every micro-batch of every rank; with many ranks in one NumPy pass when its
         token and pair sums are exact in floating point (as Python's integer sums are)."""
-        if self.config.padded_rows:
+        if (len(ranks) < VECTOR_RANKS or self._planned is None) and self.config.padded_rows:
             return [self._padded_times(rank) for rank in ranks]
         if len(ranks) < VECTOR_RANKS or self._planned is None:
             return [[self._forward_time(mb) for mb in rank] for rank in ranks]
@@ -258,13 +258,22 @@ class StepTimer:
     @np.errstate(over="ignore", invalid="ignore")  # as Python floats: inf and nan, no warning
     def _flat_times(self, items: np.ndarray, counts: np.ndarray) -> np.ndarray:
         """The forward time of each micro-batch laid end to end in ``items`` (``counts``: their sample counts), in
-        one NumPy pass (its sums of planned sizes and their squares are exact)."""
+        one NumPy pass (its sums of planned sizes and their squares are exact; with ``padded_rows`` its sample count
+        times its longest planned size, and that times the longest again, exact too)."""
         model, planned = self.config.step_time_model, self._planned
         assert model is not None and planned is not None
-        owner = np.repeat(np.arange(len(counts)), counts)
         sizes = planned[items]
-        tokens = np.bincount(owner, weights=sizes, minlength=len(counts))
-        pairs = np.bincount(owner, weights=sizes * sizes, minlength=len(counts))
+        if self.config.padded_rows:
+            filled = counts > 0  # each filled one's samples run from its start to the next filled one's
+            longest = np.zeros(len(counts))
+            if len(sizes):
+                longest[filled] = np.maximum.reduceat(sizes, (np.cumsum(counts) - counts)[filled])
+            tokens = counts * longest
+            pairs = tokens * longest
+        else:
+            owner = np.repeat(np.arange(len(counts)), counts)
+            tokens = np.bincount(owner, weights=sizes, minlength=len(counts))
+            pairs = np.bincount(owner, weights=sizes * sizes, minlength=len(counts))
         tokens[counts == 0] = pairs[counts == 0] = 1.0
         return model.seconds_per_token * tokens + model.seconds_per_token_pair * pairs + model.seconds_per_microbatch
 
