@@ -197,7 +197,7 @@ class StepTimer:
         filled = lengths > 0
         firsts = np.full(len(batches), -1, dtype=np.int64)  # an empty micro-batch sorts before any of equal cost
         firsts[filled] = items[(np.cumsum(lengths) - lengths)[filled]]
-        keys = self._cost_sums(items, lengths)
+        keys = self._cost_sums(items, lengths, batches=batch_array)
         by_rank = np.lexsort((firsts.reshape(ranks, count), keys.reshape(ranks, count)), axis=1)
         ascending = by_rank + np.arange(0, ranks * count, count)[:, None]  # positions in ``batches``
         positions = np.stack([arrange_rows(ascending, order) for order in orders])
@@ -315,14 +315,19 @@ class StepTimer:
             items = items[np.argsort(owners * (int(items.max()) + 1) + items, kind="stable")]
         return items, np.fromiter(batches, dtype=object, count=len(batches))
 
-    def _cost_sums(self, items: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        """Python's sum of each micro-batch's costs (its samples end to end in ``items``, in that order): with at
-        most one sample each its cost (``0 + cost``) or 0; from the few costs taken where these are a small share of
-        the step's Python floats."""
-        if self._float_costs and int(lengths.max(initial=0)) <= 1:
+    def _cost_sums(self, items: np.ndarray, lengths: np.ndarray, *, batches: np.ndarray) -> np.ndarray:
+        """Python's sum of each micro-batch's costs (its samples end to end in ``items``, in that order; ``batches``:
+        the same micro-batches as lists): with at most one sample each its cost (``0 + cost``) or 0; in Python where
+        there are few micro-batches for their widest (NumPy's pass per sample position would cost more); from the
+        few costs taken where these are a small share of the step's Python floats."""
+        width = int(lengths.max(initial=0))
+        if self._float_costs and width <= 1:
             sums = np.zeros(len(lengths))
             sums[lengths > 0] = self._cost_array[items]
             return sums
+        if len(lengths) < PYTHON_SUM_RUNS * width:
+            get = self.costs.__getitem__
+            return np.fromiter([sum(map(get, batch)) for batch in batches], dtype=np.float64, count=len(batches))
         if 4 * len(items) < len(self.costs) and self._float_costs:
             return run_sums(self._cost_array[items].tolist(), np.arange(len(items)), lengths)
         return run_sums(self.costs, items, lengths)
@@ -394,8 +399,12 @@ class StepTimer:
 def _python_sums(values: np.ndarray, flat: np.ndarray, counts: np.ndarray) -> list[float]:
     """:func:`~megatron_dpsched.core.balancing.run_sums` of ``values`` (float64) as Python floats over the runs laid
     end to end in ``flat`` (``counts``: their lengths), made Python floats a block of runs at a time (about
-    :data:`SUM_BLOCK` values: each run's sum is its own)."""
+    :data:`SUM_BLOCK` values: each run's sum is its own); in Python where there are few runs for the longest
+    (:data:`PYTHON_SUM_RUNS`)."""
     ends = np.cumsum(counts)
+    if len(flat) <= SUM_BLOCK and len(counts) < PYTHON_SUM_RUNS * int(counts.max(initial=0)):
+        taken, stops = values[flat].tolist(), ends.tolist()
+        return [sum(taken[a:b]) for a, b in zip([0, *stops[:-1]], stops)]
     cuts = np.unique(np.searchsorted(ends, np.arange(SUM_BLOCK, int(ends[-1]) if len(ends) else 0, SUM_BLOCK)))
     bounds = [0, *cuts.tolist(), len(counts)]
     sums: list[float] = []
@@ -407,6 +416,9 @@ def _python_sums(values: np.ndarray, flat: np.ndarray, counts: np.ndarray) -> li
 
 SUM_BLOCK = 1 << 17
 """:func:`_python_sums` makes at most about this many values Python floats at once (4 MiB of floats)."""
+PYTHON_SUM_RUNS = 32
+""":meth:`StepTimer._cost_sums` sums in Python below this many micro-batches per sample of the widest one (NumPy
+then costs more: about 40 Python micro-batch sums per NumPy pass over one sample position)."""
 ROWS_MICRO_BATCHES = 256
 """:meth:`StepTimer.candidate` times fewer than :data:`~megatron_dpsched.core.steptime.VECTOR_RANKS` ranks at once too
 where they hold this many micro-batches (a long pipeline schedule)."""

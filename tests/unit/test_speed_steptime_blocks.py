@@ -1,0 +1,65 @@
+"""Step 7's memory bounds (issue 28, planning speed): work done a block at a time gives what one pass gives.
+
+The vector simulation runs its rows in blocks (:data:`~megatron_dpsched.core.steptime.BLOCK_FLOATS`), the busiest
+ranks' work is summed a block of ranks at a time or in Python (:func:`~megatron_dpsched.core.objective._python_sums`),
+and the plan's arrays are assembled step by step (:func:`~megatron_dpsched.core.schedule._assembled`). Each is
+compared here with a plain reference: the one-rank simulator, Python's ``sum``, and ``assemble_schedule`` on the
+steps' lists.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from megatron_dpsched.core import PipelineLayout, StepTimeModel, objective, planning, simulate_rank, steptime
+from megatron_dpsched.core.config import ScheduleConfig
+from megatron_dpsched.core.padding import array_tuple
+from megatron_dpsched.core.schedule import assemble_schedule, plan_schedule
+from megatron_dpsched.core.steps import split_steps
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_rows_simulated_in_blocks_as_one_by_one(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    rng = random.Random(seed)
+    layout = PipelineLayout(pp_size=rng.choice((2, 4)), vpp_size=rng.choice((1, 2)))
+    count = layout.align(rng.randint(1, 40))
+    model = StepTimeModel(seconds_per_token=1.0, backward_factor=2.0)
+    times = np.array([[rng.choice((0.5, rng.random() * 9)) for _ in range(count)] for _ in range(rng.randint(1, 30))])
+    monkeypatch.setattr(steptime, "BLOCK_FLOATS", rng.choice((1, 2 * count, 7 * count)))  # 1, 1 or 7 rows a block
+    expected = [simulate_rank(tuple(rank), layout=layout, model=model).makespan for rank in times.tolist()]
+    assert steptime.row_makespans(times, layout=layout, backward_factor=model.backward_factor) == expected
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_work_summed_in_blocks_as_python_sums(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(0, 30, int(rng.integers(0, 50)))
+    values = rng.random(500) * 10.0 ** rng.integers(-3, 10, 500)
+    flat = rng.integers(0, 500, int(counts.sum()))
+    monkeypatch.setattr(objective, "SUM_BLOCK", int(rng.integers(1, 600)))
+    monkeypatch.setattr(objective, "PYTHON_SUM_RUNS", int(rng.integers(0, 4)))  # 0: always the NumPy blocks
+    taken, ends = values[flat].tolist(), np.cumsum(counts).tolist()
+    expected = [sum(taken[a:b]) for a, b in zip([0, *ends[:-1]], ends)]
+    assert objective._python_sums(values, flat, counts) == expected
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_steps_assembled_as_the_general_assembly(seed: int) -> None:
+    """Many steps of a step-time plan at PP 4: the arrays filled step by step give ``assemble_schedule``'s plan."""
+    rng = random.Random(seed)
+    dp, per_step = rng.choice((2, 8, 16)), rng.choice((1, 3, 8))
+    lengths = [rng.randint(1, 4096) for _ in range(dp * per_step * rng.randint(1, 7) + rng.randint(0, dp))]
+    config = ScheduleConfig(dp_size=dp, global_batch_size=dp * per_step, max_tokens_per_gpu=4096, pp_size=4,
+                            vpp_size=rng.choice((1, 2)), step_time_model=StepTimeModel(seconds_per_token=1e-6))
+    schedule = plan_schedule(lengths, config=config)
+    steps, dropped = split_steps(len(lengths), global_batch_size=config.global_batch_size, groups=None,
+                                 drop_last=False)
+    costs = array_tuple(list(schedule.costs), np.float64)
+    plans = [planning.plan_step(step, lengths=lengths, costs=costs, config=config) for step in steps]
+    general = assemble_schedule(plans, lengths=tuple(lengths), costs=schedule.costs, groups=None, config=config,
+                                dropped=dropped)
+    assert (schedule.partitions, schedule.micro_batch_indices) == (general.partitions, general.micro_batch_indices)
+    assert schedule == general
