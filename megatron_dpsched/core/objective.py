@@ -75,7 +75,7 @@ from megatron_dpsched.core.balancing import flat_ranks, peak_cost, rank_maxima, 
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
 from megatron_dpsched.core.kk import differencing_pack, kk_deal, spread_pack
 from megatron_dpsched.core.ordering import PIPELINE_ORDERS, arrange_rows, arrangements, order_micro_batches
-from megatron_dpsched.core.packing import chunk_ranks, pack_ranks, split_chunks
+from megatron_dpsched.core.packing import BinArrays, chunk_ranks, pack_ranks, split_owned
 from megatron_dpsched.core.steptime import VECTOR_RANKS, StepTimeModel, rank_makespans, row_makespans
 
 STEP_TIME_TOLERANCE = 0.005
@@ -754,17 +754,36 @@ def repacker(
     plan: list[RankPlan], sizes: Sequence[int], config: ScheduleConfig
 ) -> Callable[[int], list[RankPlan] | None]:
     """:func:`repack_ranks` of ``plan`` at any count; with ``padded_rows`` each rank's chunks, which do not depend on
-    the count, are made once (:func:`~megatron_dpsched.core.packing.chunk_ranks`)."""
+    the count, are made once (:func:`~megatron_dpsched.core.packing.chunk_ranks`) and split on from one count to the
+    next (:class:`_ChunkSplits`)."""
     if not config.padded_rows:
         return partial(repack_ranks, plan, sizes, config)
     assert config.token_cap is not None
-    chunks = chunk_ranks([[i for mb in rank for i in mb] for rank in plan], sizes, config.token_cap)
+    return _ChunkSplits(chunk_ranks([[i for mb in rank for i in mb] for rank in plan], sizes, config.token_cap), sizes)
 
-    def at(count: int) -> list[RankPlan] | None:
-        packed = split_chunks(chunks, sizes, count)
-        return None if any(bins is None for bins in packed) else packed  # type: ignore[return-value]
 
-    return at
+class _ChunkSplits:
+    """:func:`~megatron_dpsched.core.packing.split_chunks` of each rank's chunks at any count (``None`` where a rank's
+    chunks are more), a count above the last one split on from where that one stopped: the fullest micro-batch is
+    split first, by its collated size then position, whether the splits start from the chunks or from a smaller
+    count's micro-batches, and a padded-rows split orders the samples it cuts itself (so the candidates may sort
+    these micro-batches in place)."""
+
+    def __init__(self, chunks: list[BinArrays], sizes: Sequence[int]) -> None:
+        self.chunks, self.sizes = chunks, sizes
+        self.fewest = max((len(bins.counts) for bins in chunks), default=0)
+        self.count, self.ranks = 0, None
+
+    def __call__(self, count: int) -> list[RankPlan] | None:
+        if count < self.fewest:
+            return None
+        if self.ranks is None or count < self.count:
+            self.ranks = [split_owned(bins.bins(), self.sizes, count, padded_rows=True, loads=bins.loads.tolist())
+                          for bins in self.chunks]
+        else:
+            self.ranks = [split_owned(list(bins), self.sizes, count, padded_rows=True) for bins in self.ranks]
+        self.count = count
+        return list(self.ranks)
 
 
 def repack_ranks(

@@ -1,10 +1,12 @@
-"""Step 7's memory bounds (issue 28, planning speed): work done a block at a time gives what one pass gives.
+"""Step 7's memory and time bounds (issue 28, planning speed): work in blocks or steps gives what one pass gives.
 
 The vector simulation runs its rows in blocks (:data:`~megatron_dpsched.core.steptime.BLOCK_FLOATS`), the busiest
 ranks' work is summed a block of ranks at a time or in Python (:func:`~megatron_dpsched.core.objective._python_sums`),
-and the plan's arrays are assembled step by step (:func:`~megatron_dpsched.core.schedule._assembled`). Each is
-compared here with a plain reference: the one-rank simulator, Python's ``sum``, and ``assemble_schedule`` on the
-steps' lists.
+the plan's arrays are assembled step by step (:func:`~megatron_dpsched.core.schedule._assembled`), and with
+``padded_rows`` each count's micro-batches are split on from the last count's
+(:func:`~megatron_dpsched.core.objective.repacker`).
+Each is compared here with a plain reference: the one-rank simulator, Python's ``sum``, ``assemble_schedule`` on
+the steps' lists and ``split_chunks`` at each count.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import pytest
 
 from megatron_dpsched.core import PipelineLayout, StepTimeModel, objective, planning, simulate_rank, steptime
 from megatron_dpsched.core.config import ScheduleConfig
+from megatron_dpsched.core.packing import chunk_ranks, split_chunks
 from megatron_dpsched.core.padding import array_tuple
 from megatron_dpsched.core.schedule import assemble_schedule, plan_schedule
 from megatron_dpsched.core.steps import split_steps
@@ -63,3 +66,30 @@ def test_steps_assembled_as_the_general_assembly(seed: int) -> None:
                                 dropped=dropped)
     assert (schedule.partitions, schedule.micro_batch_indices) == (general.partitions, general.micro_batch_indices)
     assert schedule == general
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_chunks_split_on_from_the_last_count_as_split_afresh(seed: int) -> None:
+    """With ``padded_rows`` the repacker splits each count on from the last one: the micro-batches of
+    ``split_chunks`` at that count, also where a candidate sorted the last count's micro-batches in place."""
+    rng = random.Random(seed)
+    sizes = [rng.choice((rng.randint(1, 64), rng.randint(1, 1024), 1024)) for _ in range(rng.randint(8, 300))]
+    ids = rng.sample(range(len(sizes)), len(sizes))
+    cuts = sorted(rng.sample(range(1, len(sizes)), rng.randint(1, 7)))
+    ranks = [ids[a:b] for a, b in zip([0, *cuts], [*cuts, len(sizes)])]
+    config = ScheduleConfig(dp_size=len(ranks), global_batch_size=len(sizes), max_tokens_per_gpu=1024,
+                            padded_rows=True, step_time_model=StepTimeModel(seconds_per_token=1e-6))
+    repack = objective.repacker([[rank] for rank in ranks], sizes, config)
+    chunks = chunk_ranks(ranks, sizes, 1024)
+    for count in [rng.randint(1, 60) for _ in range(8)]:
+        expected = split_chunks(chunks, sizes, count)
+        found = repack(count)
+        if any(bins is None for bins in expected):
+            assert found is None
+            continue
+        assert found is not None
+        assert [[sorted(mb) for mb in rank] for rank in found] == [[sorted(mb) for mb in rank] for rank in expected]
+        if rng.random() < 0.5:
+            for rank in found:
+                for mb in rank:
+                    mb.sort()
