@@ -9,7 +9,7 @@ are positions in the step.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from itertools import chain
 from operator import is_not
 
@@ -111,12 +111,13 @@ def _plan_positions(
         local_lengths, local_costs = [lengths[i] for i in samples], [costs[i] for i in samples]
     local_sizes = padding.step_sizes(local_lengths, pad_multiple=config.pad_multiple)
     local_costs = padding.array_tuple(local_costs, np.float64)
+    unfit: set[int] = set()  # counts steps 3-4 did not fit in step 5: step 7 does not try them again
     if config.micro_batch_size is not None:
         ranks = _plan_static(local_sizes, local_costs, config=config)
     else:
-        ranks = _plan_dynamic(local_sizes, local_costs, config=config)
+        ranks = _plan_dynamic(local_sizes, local_costs, config=config, unfit=unfit)
     if config.step_time_model is not None:  # step 7 returns its plan in run order
-        ranks = _plan_step_time(ranks, local_sizes, local_costs, config=config)
+        ranks = _plan_step_time(ranks, local_sizes, local_costs, config=config, unfit=unfit)
     return ranks, local_costs
 
 
@@ -175,7 +176,9 @@ dearest sample)``; a larger micro-batch count must cut the busiest rank's cost b
 to be chosen."""
 
 
-def _plan_dynamic(sizes: list[int], costs: list[float], *, config: ScheduleConfig) -> list[RankPlan]:
+def _plan_dynamic(
+    sizes: list[int], costs: list[float], *, config: ScheduleConfig, unfit: set[int] | None = None
+) -> list[RankPlan]:
     """Steps 3-5 with a token cap: the smallest count that balances, within the count of one global packing.
 
     Steps 3-4 at ``M`` (step 2); a balanced plan (:data:`BALANCE_TOLERANCE`) is kept. Otherwise (a rank
@@ -187,7 +190,7 @@ def _plan_dynamic(sizes: list[int], costs: list[float], *, config: ScheduleConfi
     :data:`BALANCE_TOLERANCE`; the search stops after :data:`~megatron_dpsched.core.objective.MAX_STALE_COUNTS`
     larger counts in a row bring nothing. A plan not yet balanced is first refined (:func:`_refine`). If no
     count up to ``U`` fits, :func:`_plan_by_bins` deals the global packing, which always works;
-    ``balance="none"`` goes straight to it.
+    ``balance="none"`` goes straight to it. ``unfit`` (when given) receives the counts steps 3-4 do not fit.
     """
     if config.balance == "none":
         return _plan_by_bins(_global_packing(sizes, config), sizes, costs, config=config)[0]
@@ -197,13 +200,14 @@ def _plan_dynamic(sizes: list[int], costs: list[float], *, config: ScheduleConfi
         if plan is not None:
             return plan
     balanced = _balanced_peak(costs, config)
-    plan = _assign_and_pack(sizes, costs, config=config, num_microbatches=num_microbatches)
+    plan = _packed(sizes, costs, config=config, num_microbatches=num_microbatches, unfit=unfit)
     global_bins: list[list[int]] | None = None
     upper = num_microbatches
     if plan is None:  # the lower bound does not fit: find the first count that does, in O(log) tries
         global_bins = _global_packing(sizes, config)
         upper = _bins_count(global_bins, config)
-        num_microbatches, plan = _first_fitting_count(sizes, costs, config=config, low=num_microbatches, high=upper)
+        num_microbatches, plan = _first_fitting_count(sizes, costs, config=config, low=num_microbatches, high=upper,
+                                                      unfit=unfit)
     best, best_peak = None, math.inf
     stale = 0  # larger counts tried in a row without a better plan
     while True:
@@ -224,7 +228,7 @@ def _plan_dynamic(sizes: list[int], costs: list[float], *, config: ScheduleConfi
         if best is not None and num_microbatches >= _reach(best, costs, config=config, upper=upper, lower_bound=lower):
             return best
         num_microbatches = config.layout.next_legal(num_microbatches)
-        plan = _assign_and_pack(sizes, costs, config=config, num_microbatches=num_microbatches)
+        plan = _packed(sizes, costs, config=config, num_microbatches=num_microbatches, unfit=unfit)
         if (plan is not None and not config.balance_growth
                 and num_microbatches > max(upper, count_bound(plan, config=config, lower_bound=lower))):
             plan = None  # past ``U`` for a tail: each plan within its own ``B``
@@ -243,15 +247,19 @@ def _reach(best: list[RankPlan], costs: list[float], *, config: ScheduleConfig, 
 
 
 def _plan_step_time(
-    default: list[RankPlan], sizes: list[int], costs: list[float], *, config: ScheduleConfig
+    default: list[RankPlan], sizes: list[int], costs: list[float], *, config: ScheduleConfig,
+    unfit: Collection[int] = (),
 ) -> list[RankPlan]:
-    """Step 7: the default plan, or one at another count that the step-time model finds faster."""
+    """Step 7: the default plan, or one at another count that the step-time model finds faster (not at the counts
+    ``unfit``, where steps 3-4 do not fit)."""
     growth_limit = None
     if config.balance_growth > 0:
         upper = _bins_count(_global_packing(sizes, config), config)
         growth_limit = config.layout.align(math.ceil(upper * (1 + config.balance_growth)))
 
     def replan(num_microbatches: int) -> list[RankPlan] | None:
+        if num_microbatches in unfit:
+            return None
         return plan_at_count(sizes, costs, config=config, num_microbatches=num_microbatches)
 
     return plan_for_step_time(
@@ -292,7 +300,8 @@ def _bins_count(bins: list[list[int]], config: ScheduleConfig) -> int:
 
 
 def _first_fitting_count(
-    sizes: list[int], costs: list[float], *, config: ScheduleConfig, low: int, high: int
+    sizes: list[int], costs: list[float], *, config: ScheduleConfig, low: int, high: int,
+    unfit: set[int] | None = None,
 ) -> tuple[int, list[RankPlan] | None]:
     """The smallest legal count in ``(low, high]`` whose per-rank packing fits, with its plan.
 
@@ -300,12 +309,12 @@ def _first_fitting_count(
     reached, where the global packing always fits), then bisect back between the last
     count that did not fit and the first that did: O(log(high - low)) packings instead of
     one per count (equal samples just over a third of the cap fit two per micro-batch, so
-    every count between ``n / 3`` and ``n / 2`` fails).
+    every count between ``n / 3`` and ``n / 2`` fails). ``unfit`` (when given) receives the counts that fail.
     """
     layout = config.layout
 
     def attempt(count: int) -> list[RankPlan] | None:
-        return _assign_and_pack(sizes, costs, config=config, num_microbatches=count)
+        return _packed(sizes, costs, config=config, num_microbatches=count, unfit=unfit)
 
     if high <= low:  # ``low`` is the only count allowed and it does not fit (padded rows: ``M == U`` always)
         return low, None
@@ -409,6 +418,16 @@ def _assign_and_pack(
         return packed
     return _repair_overflow(ranks, packed, sizes, costs, config=config, num_microbatches=num_microbatches,
                             refits=refits)
+
+
+def _packed(
+    sizes: list[int], costs: list[float], *, config: ScheduleConfig, num_microbatches: int, unfit: set[int] | None
+) -> list[RankPlan] | None:
+    """:func:`_assign_and_pack`; a count it does not fit added to ``unfit`` (when given)."""
+    plan = _assign_and_pack(sizes, costs, config=config, num_microbatches=num_microbatches)
+    if plan is None and unfit is not None:
+        unfit.add(num_microbatches)
+    return plan
 
 
 def _one_per_rank(

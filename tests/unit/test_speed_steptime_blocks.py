@@ -93,3 +93,33 @@ def test_chunks_split_on_from_the_last_count_as_split_afresh(seed: int) -> None:
             for rank in found:
                 for mb in rank:
                     mb.sort()
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_counts_step_5_did_not_fit_are_not_planned_again(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    """Step 7 skips the counts where steps 3-4 did not fit in step 5 (``unfit``): the same plans as planning them
+    again, which fails the same way."""
+    rng = random.Random(seed)
+    dp = rng.choice((4, 8, 16))
+    lengths = [rng.choice((rng.randint(1, 700), rng.randint(1500, 2048))) for _ in range(dp * rng.randint(2, 12))]
+    config = ScheduleConfig(dp_size=dp, global_batch_size=len(lengths), max_tokens_per_gpu=2048,
+                            pp_size=rng.choice((1, 4)), padded_rows=rng.random() < 0.5,
+                            step_time_model=StepTimeModel(seconds_per_token=1e-6, seconds_per_microbatch=1e-4))
+    costs = array_tuple([float(n) for n in lengths], np.float64)
+    replanned: list[int] = []
+    plan_at_count = planning.plan_at_count
+
+    def counted(*args: object, num_microbatches: int, **kwargs: object) -> object:
+        replanned.append(num_microbatches)
+        return plan_at_count(*args, num_microbatches=num_microbatches, **kwargs)
+
+    monkeypatch.setattr(planning, "plan_at_count", counted)
+    found = planning.plan_step(range(len(lengths)), lengths=lengths, costs=costs, config=config)
+    with_notes = len(replanned)
+    with monkeypatch.context() as patch:  # step 5 notes nothing: step 7 plans every count again
+        patch.setattr(planning, "_packed", lambda *args, unfit, **kwargs: planning._assign_and_pack(*args, **kwargs))
+        replanned.clear()
+        assert planning.plan_step(range(len(lengths)), lengths=lengths, costs=costs, config=config) == found
+    assert len(replanned) >= with_notes
+    if seed in (1, 3, 12):  # cases where step 7 would pack again a count that did not fit in step 5
+        assert len(replanned) > with_notes
