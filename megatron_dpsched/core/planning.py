@@ -9,7 +9,7 @@ are positions in the step.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from itertools import chain
 from operator import is_not
 
@@ -111,13 +111,13 @@ def _plan_positions(
         local_lengths, local_costs = [lengths[i] for i in samples], [costs[i] for i in samples]
     local_sizes = padding.step_sizes(local_lengths, pad_multiple=config.pad_multiple)
     local_costs = padding.array_tuple(local_costs, np.float64)
-    unfit: set[int] = set()  # counts steps 3-4 did not fit in step 5: step 7 does not try them again
+    tried: Packings = {}  # step 5's packings: step 7 does not make them again
     if config.micro_batch_size is not None:
         ranks = _plan_static(local_sizes, local_costs, config=config)
     else:
-        ranks = _plan_dynamic(local_sizes, local_costs, config=config, unfit=unfit)
+        ranks = _plan_dynamic(local_sizes, local_costs, config=config, tried=tried)
     if config.step_time_model is not None:  # step 7 returns its plan in run order
-        ranks = _plan_step_time(ranks, local_sizes, local_costs, config=config, unfit=unfit)
+        ranks = _plan_step_time(ranks, local_sizes, local_costs, config=config, tried=tried)
     return ranks, local_costs
 
 
@@ -177,7 +177,7 @@ to be chosen."""
 
 
 def _plan_dynamic(
-    sizes: list[int], costs: list[float], *, config: ScheduleConfig, unfit: set[int] | None = None
+    sizes: list[int], costs: list[float], *, config: ScheduleConfig, tried: Packings | None = None
 ) -> list[RankPlan]:
     """Steps 3-5 with a token cap: the smallest count that balances, within the count of one global packing.
 
@@ -190,7 +190,8 @@ def _plan_dynamic(
     :data:`BALANCE_TOLERANCE`; the search stops after :data:`~megatron_dpsched.core.objective.MAX_STALE_COUNTS`
     larger counts in a row bring nothing. A plan not yet balanced is first refined (:func:`_refine`). If no
     count up to ``U`` fits, :func:`_plan_by_bins` deals the global packing, which always works;
-    ``balance="none"`` goes straight to it. ``unfit`` (when given) receives the counts steps 3-4 do not fit.
+    ``balance="none"`` goes straight to it. ``tried`` (when given) receives the counts steps 3-4 do not fit and,
+    in steps of at most :data:`KEPT_SAMPLES` samples, the plans of the counts that do (refined in place).
     """
     if config.balance == "none":
         return _plan_by_bins(_global_packing(sizes, config), sizes, costs, config=config)[0]
@@ -200,17 +201,19 @@ def _plan_dynamic(
         if plan is not None:
             return plan
     balanced = _balanced_peak(costs, config)
-    plan = _packed(sizes, costs, config=config, num_microbatches=num_microbatches, unfit=unfit)
+    plan = _packed(sizes, costs, config=config, num_microbatches=num_microbatches, tried=tried)
     global_bins: list[list[int]] | None = None
     upper = num_microbatches
     if plan is None:  # the lower bound does not fit: find the first count that does, in O(log) tries
         global_bins = _global_packing(sizes, config)
         upper = _bins_count(global_bins, config)
         num_microbatches, plan = _first_fitting_count(sizes, costs, config=config, low=num_microbatches, high=upper,
-                                                      unfit=unfit)
+                                                      tried=tried)
     best, best_peak = None, math.inf
     stale = 0  # larger counts tried in a row without a better plan
     while True:
+        if plan is not None and tried is not None and len(sizes) <= KEPT_SAMPLES:
+            tried[num_microbatches] = plan  # refined below as plan_at_count refines it
         peak = peak_cost(plan, costs)
         if peak > balanced:
             global_bins = global_bins or _global_packing(sizes, config)
@@ -228,7 +231,7 @@ def _plan_dynamic(
         if best is not None and num_microbatches >= _reach(best, costs, config=config, upper=upper, lower_bound=lower):
             return best
         num_microbatches = config.layout.next_legal(num_microbatches)
-        plan = _packed(sizes, costs, config=config, num_microbatches=num_microbatches, unfit=unfit)
+        plan = _packed(sizes, costs, config=config, num_microbatches=num_microbatches, tried=tried)
         if (plan is not None and not config.balance_growth
                 and num_microbatches > max(upper, count_bound(plan, config=config, lower_bound=lower))):
             plan = None  # past ``U`` for a tail: each plan within its own ``B``
@@ -248,18 +251,18 @@ def _reach(best: list[RankPlan], costs: list[float], *, config: ScheduleConfig, 
 
 def _plan_step_time(
     default: list[RankPlan], sizes: list[int], costs: list[float], *, config: ScheduleConfig,
-    unfit: Collection[int] = (),
+    tried: Packings | None = None,
 ) -> list[RankPlan]:
-    """Step 7: the default plan, or one at another count that the step-time model finds faster (not at the counts
-    ``unfit``, where steps 3-4 do not fit)."""
+    """Step 7: the default plan, or one at another count that the step-time model finds faster; a count step 5
+    packed (``tried``) is not packed again."""
     growth_limit = None
     if config.balance_growth > 0:
         upper = _bins_count(_global_packing(sizes, config), config)
         growth_limit = config.layout.align(math.ceil(upper * (1 + config.balance_growth)))
 
     def replan(num_microbatches: int) -> list[RankPlan] | None:
-        if num_microbatches in unfit:
-            return None
+        if tried and num_microbatches in tried:
+            return tried.pop(num_microbatches)
         return plan_at_count(sizes, costs, config=config, num_microbatches=num_microbatches)
 
     return plan_for_step_time(
@@ -301,7 +304,7 @@ def _bins_count(bins: list[list[int]], config: ScheduleConfig) -> int:
 
 def _first_fitting_count(
     sizes: list[int], costs: list[float], *, config: ScheduleConfig, low: int, high: int,
-    unfit: set[int] | None = None,
+    tried: Packings | None = None,
 ) -> tuple[int, list[RankPlan] | None]:
     """The smallest legal count in ``(low, high]`` whose per-rank packing fits, with its plan.
 
@@ -309,12 +312,12 @@ def _first_fitting_count(
     reached, where the global packing always fits), then bisect back between the last
     count that did not fit and the first that did: O(log(high - low)) packings instead of
     one per count (equal samples just over a third of the cap fit two per micro-batch, so
-    every count between ``n / 3`` and ``n / 2`` fails). ``unfit`` (when given) receives the counts that fail.
+    every count between ``n / 3`` and ``n / 2`` fails). ``tried`` (when given) receives the counts that fail.
     """
     layout = config.layout
 
     def attempt(count: int) -> list[RankPlan] | None:
-        return _packed(sizes, costs, config=config, num_microbatches=count, unfit=unfit)
+        return _packed(sizes, costs, config=config, num_microbatches=count, tried=tried)
 
     if high <= low:  # ``low`` is the only count allowed and it does not fit (padded rows: ``M == U`` always)
         return low, None
@@ -421,13 +424,20 @@ def _assign_and_pack(
 
 
 def _packed(
-    sizes: list[int], costs: list[float], *, config: ScheduleConfig, num_microbatches: int, unfit: set[int] | None
+    sizes: list[int], costs: list[float], *, config: ScheduleConfig, num_microbatches: int, tried: Packings | None
 ) -> list[RankPlan] | None:
-    """:func:`_assign_and_pack`; a count it does not fit added to ``unfit`` (when given)."""
+    """:func:`_assign_and_pack`; a count it does not fit noted in ``tried`` (when given)."""
     plan = _assign_and_pack(sizes, costs, config=config, num_microbatches=num_microbatches)
-    if plan is None and unfit is not None:
-        unfit.add(num_microbatches)
+    if plan is None and tried is not None:
+        tried[num_microbatches] = None
     return plan
+
+
+Packings = dict[int, "list[RankPlan] | None"]
+"""Step 5's plans of steps 3-4 by count, refined as :func:`plan_at_count` refines them (``None``: it does not fit)."""
+KEPT_SAMPLES = 1 << 16
+"""Step 5 keeps the plans it made for step 7 in steps of at most this many samples (more would hold several plans of
+a large step at once)."""
 
 
 def _one_per_rank(

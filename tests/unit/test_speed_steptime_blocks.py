@@ -4,9 +4,9 @@ The vector simulation runs its rows in blocks (:data:`~megatron_dpsched.core.ste
 ranks' work is summed a block of ranks at a time or in Python (:func:`~megatron_dpsched.core.objective._python_sums`),
 the plan's arrays are assembled step by step (:func:`~megatron_dpsched.core.schedule._assembled`), and with
 ``padded_rows`` each count's micro-batches are split on from the last count's
-(:func:`~megatron_dpsched.core.objective.repacker`).
-Each is compared here with a plain reference: the one-rank simulator, Python's ``sum``, ``assemble_schedule`` on
-the steps' lists and ``split_chunks`` at each count.
+(:func:`~megatron_dpsched.core.objective.repacker`), and step 7 takes step 5's packings instead of packing those
+counts again. Each is compared here with a plain reference: the one-rank simulator, Python's ``sum``,
+``assemble_schedule`` on the steps' lists, ``split_chunks`` at each count and ``plan_at_count``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 from megatron_dpsched.core import PipelineLayout, StepTimeModel, objective, planning, simulate_rank, steptime
 from megatron_dpsched.core.config import ScheduleConfig
 from megatron_dpsched.core.packing import chunk_ranks, split_chunks
-from megatron_dpsched.core.padding import array_tuple
+from megatron_dpsched.core.padding import array_tuple, step_sizes
 from megatron_dpsched.core.schedule import assemble_schedule, plan_schedule
 from megatron_dpsched.core.steps import split_steps
 
@@ -96,9 +96,9 @@ def test_chunks_split_on_from_the_last_count_as_split_afresh(seed: int) -> None:
 
 
 @pytest.mark.parametrize("seed", range(30))
-def test_counts_step_5_did_not_fit_are_not_planned_again(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
-    """Step 7 skips the counts where steps 3-4 did not fit in step 5 (``unfit``): the same plans as planning them
-    again, which fails the same way."""
+def test_counts_step_5_packed_are_not_packed_again(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    """Step 7 takes step 5's packings (``tried``: the counts that did not fit, and the refined plans of those that
+    did) instead of packing those counts again: the same plans as packing them again."""
     rng = random.Random(seed)
     dp = rng.choice((4, 8, 16))
     lengths = [rng.choice((rng.randint(1, 700), rng.randint(1500, 2048))) for _ in range(dp * rng.randint(2, 12))]
@@ -116,10 +116,29 @@ def test_counts_step_5_did_not_fit_are_not_planned_again(monkeypatch: pytest.Mon
     monkeypatch.setattr(planning, "plan_at_count", counted)
     found = planning.plan_step(range(len(lengths)), lengths=lengths, costs=costs, config=config)
     with_notes = len(replanned)
-    with monkeypatch.context() as patch:  # step 5 notes nothing: step 7 plans every count again
-        patch.setattr(planning, "_packed", lambda *args, unfit, **kwargs: planning._assign_and_pack(*args, **kwargs))
+    with monkeypatch.context() as patch:  # step 5 keeps nothing: step 7 packs every count again
+        patch.setattr(planning, "_packed", lambda *args, tried, **kwargs: planning._assign_and_pack(*args, **kwargs))
+        patch.setattr(planning, "KEPT_SAMPLES", -1)
         replanned.clear()
         assert planning.plan_step(range(len(lengths)), lengths=lengths, costs=costs, config=config) == found
     assert len(replanned) >= with_notes
-    if seed in (1, 3, 12):  # cases where step 7 would pack again a count that did not fit in step 5
+    if seed in (1, 2, 5, 18):  # cases where step 7 would pack again a count step 5 packed (fitting or not)
         assert len(replanned) > with_notes
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_step_5_packings_are_plan_at_count(seed: int) -> None:
+    """Each count step 5 notes in ``tried`` holds what :func:`plan_at_count` makes there: ``None`` where steps 3-4
+    do not fit, else their plan refined the same way."""
+    rng = random.Random(seed)
+    dp = rng.choice((4, 8, 16))
+    lengths = [rng.choice((rng.randint(1, 700), rng.randint(1500, 2048), rng.randint(3000, 6000)))
+               for _ in range(dp * rng.randint(2, 12))]
+    config = ScheduleConfig(dp_size=dp, global_batch_size=len(lengths), max_tokens_per_gpu=2048,
+                            pp_size=rng.choice((1, 2, 4)), padded_rows=rng.random() < 0.3)
+    sizes, costs = step_sizes(lengths, pad_multiple=1), array_tuple([n + n * n / 4096 for n in lengths], np.float64)
+    tried: planning.Packings = {}
+    planning._plan_dynamic(sizes, costs, config=config, tried=tried)
+    assert tried
+    for count, plan in tried.items():
+        assert plan == planning.plan_at_count(sizes, costs, config=config, num_microbatches=count), count
