@@ -111,7 +111,7 @@ def _plan_positions(
         local_lengths, local_costs = [lengths[i] for i in samples], [costs[i] for i in samples]
     local_sizes = padding.step_sizes(local_lengths, pad_multiple=config.pad_multiple)
     local_costs = padding.array_tuple(local_costs, np.float64)
-    tried: Packings = {}  # step 5's packings: step 7 does not make them again
+    tried: Packings | None = None if config.step_time_model is None else {}  # step 5's packings, for step 7
     if config.micro_batch_size is not None:
         ranks = _plan_static(local_sizes, local_costs, config=config)
     else:
