@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property, partial
@@ -75,7 +75,7 @@ from megatron_dpsched.core.balancing import flat_ranks, peak_cost, rank_maxima, 
 from megatron_dpsched.core.config import RankPlan, ScheduleConfig
 from megatron_dpsched.core.kk import differencing_pack, kk_deal, spread_pack
 from megatron_dpsched.core.ordering import PIPELINE_ORDERS, arrange_rows, arrangements, order_micro_batches
-from megatron_dpsched.core.packing import chunk_ranks, pack_ranks, split_chunks
+from megatron_dpsched.core.packing import BinArrays, chunk_ranks, pack_ranks, split_owned
 from megatron_dpsched.core.steptime import VECTOR_RANKS, StepTimeModel, rank_makespans, row_makespans
 
 STEP_TIME_TOLERANCE = 0.005
@@ -157,7 +157,9 @@ class StepTimer:
 
     def candidate(self, plan: list[RankPlan]) -> Candidate:
         """``plan`` in run order with the slowest rank's simulated makespan: step 6's order, or with
-        ``pp_size > 1`` and order ``"pipeline"`` the fastest order of each rank (:func:`_choose_orders`)."""
+        ``pp_size > 1`` and order ``"pipeline"`` the fastest order of each rank (:func:`_choose_orders`). Where
+        many ranks are timed at once (:meth:`_rows_apply`), ``plan``'s micro-batches are sorted in place and are
+        the candidate's."""
         order = self.config.microbatch_order
         if order not in PIPELINE_ORDERS:
             ordered = [order_micro_batches(rank, self.costs, order) for rank in plan]
@@ -181,7 +183,7 @@ class StepTimer:
         """:meth:`_candidate_rows` applies: many ranks (or :data:`ROWS_MICRO_BATCHES` micro-batches) of one count,
         forward times exact in NumPy."""
         return ((len(plan) >= VECTOR_RANKS or len(plan) * len(plan[0]) >= ROWS_MICRO_BATCHES)
-                and not self.config.padded_rows and self._planned is not None and len(set(map(len, plan))) == 1)
+                and self._planned is not None and len(set(map(len, plan))) == 1)
 
     def _candidate_rows(self, plan: list[RankPlan], orders: Sequence[str]) -> Candidate:
         """:meth:`candidate` of many ranks of one count at once with NumPy, the same plan and times: each rank's
@@ -195,7 +197,7 @@ class StepTimer:
         filled = lengths > 0
         firsts = np.full(len(batches), -1, dtype=np.int64)  # an empty micro-batch sorts before any of equal cost
         firsts[filled] = items[(np.cumsum(lengths) - lengths)[filled]]
-        keys = self._cost_sums(items, lengths)
+        keys = self._cost_sums(items, lengths, batches=batch_array)
         by_rank = np.lexsort((firsts.reshape(ranks, count), keys.reshape(ranks, count)), axis=1)
         ascending = by_rank + np.arange(0, ranks * count, count)[:, None]  # positions in ``batches``
         positions = np.stack([arrange_rows(ascending, order) for order in orders])
@@ -226,7 +228,7 @@ class StepTimer:
     def _batch_times(self, ranks: list[RankPlan]) -> list[list[float]]:
         """:meth:`_forward_time` of every micro-batch of every rank; with many ranks in one NumPy pass when its
         token and pair sums are exact in floating point (as Python's integer sums are)."""
-        if self.config.padded_rows:
+        if (len(ranks) < VECTOR_RANKS or self._planned is None) and self.config.padded_rows:
             return [self._padded_times(rank) for rank in ranks]
         if len(ranks) < VECTOR_RANKS or self._planned is None:
             return [[self._forward_time(mb) for mb in rank] for rank in ranks]
@@ -256,13 +258,22 @@ class StepTimer:
     @np.errstate(over="ignore", invalid="ignore")  # as Python floats: inf and nan, no warning
     def _flat_times(self, items: np.ndarray, counts: np.ndarray) -> np.ndarray:
         """The forward time of each micro-batch laid end to end in ``items`` (``counts``: their sample counts), in
-        one NumPy pass (its sums of planned sizes and their squares are exact)."""
+        one NumPy pass (its sums of planned sizes and their squares are exact; with ``padded_rows`` its sample count
+        times its longest planned size, and that times the longest again, exact too)."""
         model, planned = self.config.step_time_model, self._planned
         assert model is not None and planned is not None
-        owner = np.repeat(np.arange(len(counts)), counts)
         sizes = planned[items]
-        tokens = np.bincount(owner, weights=sizes, minlength=len(counts))
-        pairs = np.bincount(owner, weights=sizes * sizes, minlength=len(counts))
+        if self.config.padded_rows:
+            filled = counts > 0  # each filled one's samples run from its start to the next filled one's
+            longest = np.zeros(len(counts))
+            if len(sizes):
+                longest[filled] = np.maximum.reduceat(sizes, (np.cumsum(counts) - counts)[filled])
+            tokens = counts * longest
+            pairs = tokens * longest
+        else:
+            owner = np.repeat(np.arange(len(counts)), counts)
+            tokens = np.bincount(owner, weights=sizes, minlength=len(counts))
+            pairs = np.bincount(owner, weights=sizes * sizes, minlength=len(counts))
         tokens[counts == 0] = pairs[counts == 0] = 1.0
         return model.seconds_per_token * tokens + model.seconds_per_token_pair * pairs + model.seconds_per_microbatch
 
@@ -296,27 +307,27 @@ class StepTimer:
         batches: list[list[int]], items: np.ndarray, lengths: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """``items`` (the micro-batches' samples end to end) with each micro-batch's samples in index order, and the
-        micro-batches as sorted lists (an object array): ``batches`` themselves where each is in order, else new
-        lists made from the sorted samples, those of one length at a time."""
+        micro-batches (an object array): ``batches`` themselves, each sorted in place where one is out of order (a
+        candidate's plan is its own: no list or number is made again)."""
         owners = np.repeat(np.arange(len(batches)), lengths)
-        if not bool(((items[1:] < items[:-1]) & (owners[1:] == owners[:-1])).any()):
-            return items, np.fromiter(batches, dtype=object, count=len(batches))
-        items = items[np.argsort(owners * (int(items.max()) + 1) + items, kind="stable")]
-        starts, out = np.cumsum(lengths) - lengths, np.empty(len(batches), dtype=object)
-        for length in np.unique(lengths).tolist():
-            which = np.flatnonzero(lengths == length)
-            rows = items[starts[which][:, None] + np.arange(length)].tolist()  # each a new list
-            out[which] = np.fromiter(rows, dtype=object, count=len(rows))
-        return items, out
+        if bool(((items[1:] < items[:-1]) & (owners[1:] == owners[:-1])).any()):
+            deque(map(list.sort, batches), maxlen=0)
+            items = items[np.argsort(owners * (int(items.max()) + 1) + items, kind="stable")]
+        return items, np.fromiter(batches, dtype=object, count=len(batches))
 
-    def _cost_sums(self, items: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        """Python's sum of each micro-batch's costs (its samples end to end in ``items``, in that order): with at
-        most one sample each its cost (``0 + cost``) or 0; from the few costs taken where these are a small share of
-        the step's Python floats."""
-        if self._float_costs and int(lengths.max(initial=0)) <= 1:
+    def _cost_sums(self, items: np.ndarray, lengths: np.ndarray, *, batches: np.ndarray) -> np.ndarray:
+        """Python's sum of each micro-batch's costs (its samples end to end in ``items``, in that order; ``batches``:
+        the same micro-batches as lists): with at most one sample each its cost (``0 + cost``) or 0; in Python where
+        there are few micro-batches for their widest (NumPy's pass per sample position would cost more); from the
+        few costs taken where these are a small share of the step's Python floats."""
+        width = int(lengths.max(initial=0))
+        if self._float_costs and width <= 1:
             sums = np.zeros(len(lengths))
             sums[lengths > 0] = self._cost_array[items]
             return sums
+        if len(lengths) < PYTHON_SUM_RUNS * width:
+            get = self.costs.__getitem__
+            return np.fromiter([sum(map(get, batch)) for batch in batches], dtype=np.float64, count=len(batches))
         if 4 * len(items) < len(self.costs) and self._float_costs:
             return run_sums(self._cost_array[items].tolist(), np.arange(len(items)), lengths)
         return run_sums(self.costs, items, lengths)
@@ -352,7 +363,7 @@ class StepTimer:
         planned = np.asarray(self.sizes, dtype=np.float64) if self._planned is None else self._planned
         values = a * planned + b * planned * planned
         counts, flat = flat_ranks(plan)
-        loads = run_sums(values.tolist(), flat, counts).tolist()  # Python's sum of each rank's work, plan order
+        loads = _python_sums(values, flat, counts)  # Python's sum of each rank's work, plan order
         dearest = rank_maxima(plan, values, flat=(counts, flat))
         by_work = sorted(range(len(plan)), key=lambda r: -loads[r])[:SCREEN_RANKS]
         by_sample = sorted(range(len(plan)), key=lambda r: (-dearest[r], -loads[r]))[:SCREEN_RANKS]
@@ -385,6 +396,29 @@ class StepTimer:
         return model.seconds_per_token * tokens + model.seconds_per_token_pair * pairs + model.seconds_per_microbatch
 
 
+def _python_sums(values: np.ndarray, flat: np.ndarray, counts: np.ndarray) -> list[float]:
+    """:func:`~megatron_dpsched.core.balancing.run_sums` of ``values`` (float64) as Python floats over the runs laid
+    end to end in ``flat`` (``counts``: their lengths), made Python floats a block of runs at a time (about
+    :data:`SUM_BLOCK` values: each run's sum is its own); in Python where there are few runs for the longest
+    (:data:`PYTHON_SUM_RUNS`)."""
+    ends = np.cumsum(counts)
+    if len(flat) <= SUM_BLOCK and len(counts) < PYTHON_SUM_RUNS * int(counts.max(initial=0)):
+        taken, stops = values[flat].tolist(), ends.tolist()
+        return [sum(taken[a:b]) for a, b in zip([0, *stops[:-1]], stops)]
+    cuts = np.unique(np.searchsorted(ends, np.arange(SUM_BLOCK, int(ends[-1]) if len(ends) else 0, SUM_BLOCK)))
+    bounds = [0, *cuts.tolist(), len(counts)]
+    sums: list[float] = []
+    for a, b in zip(bounds, bounds[1:]):
+        start, stop = int(ends[a - 1]) if a else 0, int(ends[b - 1]) if b else 0
+        sums += run_sums(values[flat[start:stop]].tolist(), np.arange(stop - start), counts[a:b]).tolist()
+    return sums
+
+
+SUM_BLOCK = 1 << 17
+""":func:`_python_sums` makes at most about this many values Python floats at once (4 MiB of floats)."""
+PYTHON_SUM_RUNS = 32
+""":meth:`StepTimer._cost_sums` sums in Python below this many micro-batches per sample of the widest one (NumPy
+then costs more: about 40 Python micro-batch sums per NumPy pass over one sample position)."""
 ROWS_MICRO_BATCHES = 256
 """:meth:`StepTimer.candidate` times fewer than :data:`~megatron_dpsched.core.steptime.VECTOR_RANKS` ranks at once too
 where they hold this many micro-batches (a long pipeline schedule)."""
@@ -466,12 +500,13 @@ def plan_for_step_time(
     bound = count_bound(default, config=config, lower_bound=lower_bound, most=most)
     fitted = default if len(default[0]) <= bound else repack_ranks(default, sizes, config, bound)
     assert fitted is not None, "one sample per micro-batch always fits"
+    # step 5 may have reached; with one sample a rank, no rank costs more than the dearest sample
+    heavy = most > 1 and tail_heavy(fitted, costs)  # in the default's own order: the candidate sorts its lists
     base = timer.candidate(fitted)
     fewer = _fewer_counts(base, timer, replan=replan, lower_bound=lower_bound)
     candidates = [base, *fewer]
     limit = bound if growth_limit is None else max(base.num_microbatches, min(bound, growth_limit))
-    # step 5 may have reached; with one sample a rank, no rank costs more than the dearest sample
-    if (most > 1 and tail_heavy(fitted, costs)) or (fewer and tail_heavy(fewer[0].plan, costs)):
+    if heavy or (fewer and tail_heavy(fewer[0].plan, costs)):
         candidates += _tail_counts(base, timer, replan=replan, limit=limit, lower_bound=lower_bound)
     if config.pp_size > 1:  # with one stage a rank's time is its micro-batches' sum: more never help
         seed = min((c for c in candidates if c.num_microbatches >= base.num_microbatches), key=lambda c: c.seconds)
@@ -719,17 +754,36 @@ def repacker(
     plan: list[RankPlan], sizes: Sequence[int], config: ScheduleConfig
 ) -> Callable[[int], list[RankPlan] | None]:
     """:func:`repack_ranks` of ``plan`` at any count; with ``padded_rows`` each rank's chunks, which do not depend on
-    the count, are made once (:func:`~megatron_dpsched.core.packing.chunk_ranks`)."""
+    the count, are made once (:func:`~megatron_dpsched.core.packing.chunk_ranks`) and split on from one count to the
+    next (:class:`_ChunkSplits`)."""
     if not config.padded_rows:
         return partial(repack_ranks, plan, sizes, config)
     assert config.token_cap is not None
-    chunks = chunk_ranks([[i for mb in rank for i in mb] for rank in plan], sizes, config.token_cap)
+    return _ChunkSplits(chunk_ranks([[i for mb in rank for i in mb] for rank in plan], sizes, config.token_cap), sizes)
 
-    def at(count: int) -> list[RankPlan] | None:
-        packed = split_chunks(chunks, sizes, count)
-        return None if any(bins is None for bins in packed) else packed  # type: ignore[return-value]
 
-    return at
+class _ChunkSplits:
+    """:func:`~megatron_dpsched.core.packing.split_chunks` of each rank's chunks at any count (``None`` where a rank's
+    chunks are more), a count above the last one split on from where that one stopped: the fullest micro-batch is
+    split first, by its collated size then position, whether the splits start from the chunks or from a smaller
+    count's micro-batches, and a padded-rows split orders the samples it cuts itself (so the candidates may sort
+    these micro-batches in place)."""
+
+    def __init__(self, chunks: list[BinArrays], sizes: Sequence[int]) -> None:
+        self.chunks, self.sizes = chunks, sizes
+        self.fewest = max((len(bins.counts) for bins in chunks), default=0)
+        self.count, self.ranks = 0, None
+
+    def __call__(self, count: int) -> list[RankPlan] | None:
+        if count < self.fewest:
+            return None
+        if self.ranks is None or count < self.count:
+            self.ranks = [split_owned(bins.bins(), self.sizes, count, padded_rows=True, loads=bins.loads.tolist())
+                          for bins in self.chunks]
+        else:
+            self.ranks = [split_owned(list(bins), self.sizes, count, padded_rows=True) for bins in self.ranks]
+        self.count = count
+        return list(self.ranks)
 
 
 def repack_ranks(

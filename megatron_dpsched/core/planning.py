@@ -95,14 +95,15 @@ def _plan_positions(
     local_sizes = padding.step_sizes(local_lengths, pad_multiple=config.pad_multiple)
     local_costs = padding.array_tuple(local_costs, np.float64)
     layout = None
+    tried: Packings | None = None if config.step_time_model is None else {}  # step 5's packings, for step 7
     if config.micro_batch_size is not None:
         ranks = _plan_static(local_sizes, local_costs, config=config)
     else:
         laid_out = laid_out and config.step_time_model is None and (  # what ordered_layout takes
             config.microbatch_order == "none" or padding.all_floats(local_costs))
-        ranks, layout = _plan_dynamic(local_sizes, local_costs, config=config, laid_out=laid_out)
+        ranks, layout = _plan_dynamic(local_sizes, local_costs, config=config, laid_out=laid_out, tried=tried)
     if config.step_time_model is not None:  # step 7 returns its plan in run order
-        ranks, layout = _plan_step_time(ranks, local_sizes, local_costs, config=config), None
+        ranks, layout = _plan_step_time(ranks, local_sizes, local_costs, config=config, tried=tried), None
     return ranks, local_costs, layout
 
 
@@ -162,7 +163,8 @@ to be chosen."""
 
 
 def _plan_dynamic(
-    sizes: list[int], costs: list[float], *, config: ScheduleConfig, laid_out: bool = False
+    sizes: list[int], costs: list[float], *, config: ScheduleConfig, laid_out: bool = False,
+    tried: Packings | None = None,
 ) -> tuple[list[RankPlan], StepLayout | None]:
     """Steps 3-5 with a token cap: the smallest count that balances, within the count of one global packing.
     With ``laid_out``, a plan known as arrays (step 2's count where worst fit packs every rank, :func:`_attempt`,
@@ -178,7 +180,8 @@ def _plan_dynamic(
     :data:`BALANCE_TOLERANCE`; the search stops after :data:`~megatron_dpsched.core.objective.MAX_STALE_COUNTS`
     larger counts in a row bring nothing. A plan not yet balanced is first refined (:func:`_refine`). If no
     count up to ``U`` fits, :func:`_deal_bins` deals the global packing, which always works;
-    ``balance="none"`` goes straight to it.
+    ``balance="none"`` goes straight to it. ``tried`` (when given) receives the counts steps 3-4 do not fit and,
+    in steps of at most :data:`KEPT_SAMPLES` samples, the plans of the counts that do (refined in place).
     """
     if config.balance == "none":
         layout = _deal_bins(_global_packing(sizes, config), sizes, costs, config=config)
@@ -189,7 +192,8 @@ def _plan_dynamic(
         if plan is not None:
             return plan, None
     balanced = _balanced_peak(costs, config)
-    plan, layout = _attempt(sizes, costs, config=config, num_microbatches=num_microbatches, laid_out=laid_out)
+    plan, layout = _attempt(sizes, costs, config=config, num_microbatches=num_microbatches, laid_out=laid_out,
+                            tried=tried)
     if layout is not None:  # worst fit packed every rank: if balanced, that is the plan (its lists never made)
         if _layout_peak(layout, costs) <= balanced:
             return [], layout
@@ -199,10 +203,13 @@ def _plan_dynamic(
     if plan is None:  # the lower bound does not fit: find the first count that does, in O(log) tries
         global_bins = _global_packing(sizes, config)
         upper, upper_known = _bins_count(global_bins, config), True
-        num_microbatches, plan = _first_fitting_count(sizes, costs, config=config, low=num_microbatches, high=upper)
+        num_microbatches, plan = _first_fitting_count(sizes, costs, config=config, low=num_microbatches, high=upper,
+                                                      tried=tried)
     best, best_peak, best_layout = None, math.inf, None
     stale = 0  # larger counts tried in a row without a better plan
     while True:
+        if plan is not None and tried is not None and len(sizes) <= KEPT_SAMPLES:
+            tried[num_microbatches] = plan  # refined below as plan_at_count refines it
         peak, layout = peak_cost(plan, costs), None
         if peak > balanced:
             if not upper_known:
@@ -223,7 +230,7 @@ def _plan_dynamic(
                                                            upper=upper, lower_bound=lower):
             return _result(best, best_layout, laid_out=laid_out)
         num_microbatches = config.layout.next_legal(num_microbatches)
-        plan = _assign_and_pack(sizes, costs, config=config, num_microbatches=num_microbatches)
+        plan = _assign_and_pack(sizes, costs, config=config, num_microbatches=num_microbatches, tried=tried)
         if (plan is not None and not config.balance_growth
                 and num_microbatches > max(upper, count_bound(plan, config=config, lower_bound=lower))):
             plan = None  # past ``U`` for a tail: each plan within its own ``B``
@@ -264,15 +271,19 @@ def _reach(best: list[RankPlan], costs: list[float], *, config: ScheduleConfig, 
 
 
 def _plan_step_time(
-    default: list[RankPlan], sizes: list[int], costs: list[float], *, config: ScheduleConfig
+    default: list[RankPlan], sizes: list[int], costs: list[float], *, config: ScheduleConfig,
+    tried: Packings | None = None,
 ) -> list[RankPlan]:
-    """Step 7: the default plan, or one at another count that the step-time model finds faster."""
+    """Step 7: the default plan, or one at another count that the step-time model finds faster; a count step 5
+    packed (``tried``) is not packed again."""
     growth_limit = None
     if config.balance_growth > 0:
         upper = _bins_count(_global_packing(sizes, config), config)
         growth_limit = config.layout.align(math.ceil(upper * (1 + config.balance_growth)))
 
     def replan(num_microbatches: int) -> list[RankPlan] | None:
+        if tried and num_microbatches in tried:
+            return tried.pop(num_microbatches)
         return plan_at_count(sizes, costs, config=config, num_microbatches=num_microbatches)
 
     return plan_for_step_time(
@@ -318,7 +329,8 @@ def _bins_count(bins: list[list[int]], config: ScheduleConfig) -> int:
 
 
 def _first_fitting_count(
-    sizes: list[int], costs: list[float], *, config: ScheduleConfig, low: int, high: int
+    sizes: list[int], costs: list[float], *, config: ScheduleConfig, low: int, high: int,
+    tried: Packings | None = None,
 ) -> tuple[int, list[RankPlan] | None]:
     """The smallest legal count in ``(low, high]`` whose per-rank packing fits, with its plan.
 
@@ -326,12 +338,12 @@ def _first_fitting_count(
     reached, where the global packing always fits), then bisect back between the last
     count that did not fit and the first that did: O(log(high - low)) packings instead of
     one per count (equal samples just over a third of the cap fit two per micro-batch, so
-    every count between ``n / 3`` and ``n / 2`` fails).
+    every count between ``n / 3`` and ``n / 2`` fails). ``tried`` (when given) receives the counts that fail.
     """
     layout = config.layout
 
     def attempt(count: int) -> list[RankPlan] | None:
-        return _assign_and_pack(sizes, costs, config=config, num_microbatches=count)
+        return _assign_and_pack(sizes, costs, config=config, num_microbatches=count, tried=tried)
 
     if high <= low:  # ``low`` is the only count allowed and it does not fit (padded rows: ``M == U`` always)
         return low, None
@@ -412,14 +424,26 @@ def _deal_bins(
 
 
 def _assign_and_pack(
-    sizes: list[int], costs: list[float], *, config: ScheduleConfig, num_microbatches: int
+    sizes: list[int], costs: list[float], *, config: ScheduleConfig, num_microbatches: int,
+    tried: Packings | None = None,
 ) -> list[RankPlan] | None:
     """Steps 3-4 for one candidate micro-batch count; ``None`` if it does not fit (:func:`_attempt`)."""
-    return _attempt(sizes, costs, config=config, num_microbatches=num_microbatches)[0]
+    return _attempt(sizes, costs, config=config, num_microbatches=num_microbatches, tried=tried)[0]
 
 
 def _attempt(
-    sizes: list[int], costs: list[float], *, config: ScheduleConfig, num_microbatches: int, laid_out: bool = False
+    sizes: list[int], costs: list[float], *, config: ScheduleConfig, num_microbatches: int, laid_out: bool = False,
+    tried: Packings | None = None,
+) -> tuple[list[RankPlan] | None, StepLayout | None]:
+    """:func:`_fit_count`; a count that does not fit noted in ``tried`` (when given)."""
+    plan, layout = _fit_count(sizes, costs, config=config, num_microbatches=num_microbatches, laid_out=laid_out)
+    if plan is None and tried is not None:
+        tried[num_microbatches] = None
+    return plan, layout
+
+
+def _fit_count(
+    sizes: list[int], costs: list[float], *, config: ScheduleConfig, num_microbatches: int, laid_out: bool
 ) -> tuple[list[RankPlan] | None, StepLayout | None]:
     """Steps 3-4 for one candidate micro-batch count: its plan, ``None`` if it does not fit; with ``laid_out``,
     where worst fit packed every rank, ``[]`` and the plan's :data:`StepLayout` instead (its lists never made).
@@ -448,6 +472,13 @@ def _attempt(
         return packed.lists(), None
     return _repair_overflow(ranks, packed, sizes, costs, config=config, num_microbatches=num_microbatches,
                             refits=refits), None
+
+
+Packings = dict[int, "list[RankPlan] | None"]
+"""Step 5's plans of steps 3-4 by count, refined as :func:`plan_at_count` refines them (``None``: it does not fit)."""
+KEPT_SAMPLES = 1 << 16
+"""Step 5 keeps the plans it made for step 7 in steps of at most this many samples (more would hold several plans of
+a large step at once)."""
 
 
 def _one_per_rank(

@@ -405,42 +405,43 @@ def assemble_schedule(
 
 
 def _assembled(layouts: list[StepLayout], *, dp_size: int) -> dict[str, tuple[Any, ...]]:
-    """:func:`assemble_schedule`'s rank-major fields from every step's :data:`StepLayout` (let go as read), in
-    NumPy: the micro-batches ordered by rank (a stable sort keeps each rank's steps and run order), then cut
-    per rank."""
-    fields = {
-        "num_microbatches": tuple(int(layout[0][0]) for layout in layouts),
-        "step_num_samples": tuple(int(layout[1].sum()) for layout in layouts),
-    }
-    per_rank = np.concatenate([layout[0] for layout in layouts])  # step after step, rank after rank
-    sizes = np.concatenate([layout[1] for layout in layouts])
-    by_rank = np.argsort(np.repeat(np.tile(np.arange(dp_size), len(layouts)), per_rank), kind="stable")
-    starts = np.cumsum(sizes)
-    starts -= sizes
-    starts, sizes = starts[by_rank], sizes[by_rank]
-    del by_rank
-    ends = np.cumsum(sizes)
-    starts -= ends
-    starts += sizes
-    index = np.repeat(starts, sizes)
-    del starts
-    index += np.arange(len(index))
-    samples = np.concatenate([layouts.pop(0)[2] for _ in range(len(layouts))])[index]
-    del index
-    mb_ends = np.cumsum(per_rank.reshape(-1, dp_size).sum(axis=0))  # each rank's last micro-batch, plus one
-    sample_ends = np.concatenate(([0], ends))[mb_ends]
-    ends -= np.repeat(np.concatenate(([0], sample_ends[:-1])), np.diff(mb_ends, prepend=0))  # each rank's own
-    keys = ends - sizes
-    del sizes
-    keys *= SPAN_WIDTH
-    keys += ends
-    del ends
+    """:func:`assemble_schedule`'s rank-major fields from every step's :data:`StepLayout` (each let go as read),
+    in NumPy: every micro-batch's sample count copied step by step into one array of a row per rank (its steps
+    end to end), the samples put in rank-major order in one pass, then both cut per rank."""
+    counts = np.fromiter((int(layout[0][0]) for layout in layouts), dtype=np.int64, count=len(layouts))
+    rank_samples = np.stack([layout[1].reshape(dp_size, -1).sum(axis=1) for layout in layouts])  # step x rank
+    fields = {"num_microbatches": tuple(counts.tolist()), "step_num_samples": tuple(rank_samples.sum(axis=1).tolist())}
+    samples = _rank_major_samples(layouts, rank_samples)
+    sizes = np.empty((dp_size, int(counts.sum())), dtype=np.int64)  # each rank's micro-batches' sample counts
+    ends = np.cumsum(counts).tolist()
+    for step, (start, end) in enumerate(zip([0, *ends[:-1]], ends)):
+        sizes[:, start:end] = layouts[step][1].reshape(dp_size, -1)
+        layouts[step] = None  # type: ignore[call-overload]  # its arrays freed as copied
+    cuts = np.cumsum(rank_samples.sum(axis=0)).tolist()
+    fields["partitions"] = tuple(tuple(samples[a:b].tolist()) for a, b in zip([0, *cuts[:-1]], cuts))
+    del samples
     spans = _Spans(SPAN_WIDTH)
-    bounds = list(zip([0, *mb_ends[:-1].tolist()], mb_ends.tolist()))
-    cuts = list(zip([0, *sample_ends[:-1].tolist()], sample_ends.tolist()))
-    fields["partitions"] = tuple(tuple(samples[a:b].tolist()) for a, b in cuts)
-    fields["micro_batch_indices"] = tuple(tuple(map(spans.__getitem__, keys[a:b].tolist())) for a, b in bounds)
+    fields["micro_batch_indices"] = tuple(_rank_spans(row, spans) for row in sizes)
     return fields
+
+
+def _rank_major_samples(layouts: list[StepLayout], rank_samples: np.ndarray) -> np.ndarray:
+    """Every step's samples (rank after rank) in rank-major order: each rank's samples of every step, its steps
+    end to end. ``rank_samples``: each step's sample count per rank (step x rank)."""
+    chunks = rank_samples.ravel()  # the steps' samples end to end: a chunk per step and rank, in that order
+    rank_totals = rank_samples.sum(axis=0)
+    targets = np.cumsum(rank_samples, axis=0) - rank_samples + (np.cumsum(rank_totals) - rank_totals)
+    moves = targets.ravel() - (np.cumsum(chunks) - chunks)  # where each chunk goes, less where it is
+    samples = np.empty(int(chunks.sum()), dtype=np.int64)
+    samples[np.repeat(moves, chunks) + np.arange(len(samples))] = np.concatenate([layout[2] for layout in layouts])
+    return samples
+
+
+def _rank_spans(sizes: np.ndarray, spans: _Spans) -> tuple[tuple[int, ...], ...]:
+    """One rank's ``micro_batch_indices`` from its micro-batches' sample counts (shared tuples of ``spans``)."""
+    ends = np.cumsum(sizes)
+    keys = (ends - sizes) * spans.width + ends
+    return tuple(map(spans.__getitem__, keys.tolist()))
 
 
 SPAN_WIDTH = 1 << 32

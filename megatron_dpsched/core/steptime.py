@@ -363,12 +363,26 @@ def row_makespans(times: np.ndarray, *, layout: PipelineLayout, backward_factor:
     return _simulate_ranks(times, layout, backward_factor)
 
 
-@np.errstate(over="ignore", invalid="ignore")  # as Python floats: inf and nan, no warning
 def _simulate_ranks(times: np.ndarray, layout: PipelineLayout, backward_factor: float) -> list[float]:
     """:func:`_simulate`'s makespans (no latency) of every row of ``times`` at once: ranks of one count share
     every op's stage and dependency, so the ops run in one order valid for all (:func:`_op_sequence`) with
     the same additions and maxima, rank by rank, as the one-rank simulation. Each op's end times go to a row
-    of a small table, reused once the op's readers have run (:func:`_op_slots`)."""
+    of a small table, reused once the op's readers have run (:func:`_op_slots`). The rows run in blocks of about
+    :data:`BLOCK_FLOATS` durations (each row's makespan is its own)."""
+    rows = max(1, BLOCK_FLOATS // (2 * times.shape[1]))
+    if len(times) <= rows:
+        return _simulate_block(times, layout, backward_factor)
+    return [span for start in range(0, len(times), rows)
+            for span in _simulate_block(times[start:start + rows], layout, backward_factor)]
+
+
+BLOCK_FLOATS = 1 << 20
+""":func:`_simulate_ranks` simulates at most about this many durations (8 MiB) at once."""
+
+
+@np.errstate(over="ignore", invalid="ignore")  # as Python floats: inf and nan, no warning
+def _simulate_block(times: np.ndarray, layout: PipelineLayout, backward_factor: float) -> list[float]:
+    """:func:`_simulate_ranks` of the rows of ``times`` in one pass."""
     count = times.shape[1]
     share = 1.0 / (layout.pp_size * layout.vpp_size)
     durations = np.empty((2 * count, times.shape[0]))  # forward then backward ops' durations, one row each
@@ -419,11 +433,11 @@ def _op_slots(layout: PipelineLayout, count: int) -> tuple[tuple[tuple[int, int,
     return tuple(steps), size, tuple(slot[op] for op in previous)
 
 
-@lru_cache(maxsize=256)
 def _op_sequence(layout: PipelineLayout, count: int) -> tuple[tuple[int, int, int, int], ...]:
     """Every op as ``(stage, op id, dependency's op id or -1, duration index)`` in the order :func:`_simulate`
-    runs them (which depends on the dependencies only, not on the durations)."""
-    plans = _stage_steps(layout, count)
+    runs them (which depends on the dependencies only, not on the durations). Not kept: :func:`_op_slots`, its
+    one reader, keeps its own result (and :func:`_stage_steps`' is made anew here, not kept either)."""
+    plans = _stage_steps.__wrapped__(layout, count)
     done = [False] * (2 * count * layout.pp_size * layout.vpp_size)
     waiting = [-1] * len(done)
     position, awake, out = [0] * layout.pp_size, list(range(layout.pp_size)), []

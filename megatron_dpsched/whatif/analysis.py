@@ -501,15 +501,14 @@ def _plan_arrays(schedule: DPSchedule, *, timer: _Timer, padded: bool) -> _PlanA
 
 
 def _flat_micro_batches(schedule: DPSchedule) -> tuple[np.ndarray, np.ndarray]:
-    """Every rank's micro-batches over all steps, rank by rank in run order: their sample ids end to end, and
+    """Every rank's micro-batches over all steps, rank by rank in run order: their sample ids end to end (the
+    partitions themselves: a rank's micro-batch indices flatten to ``range(len(partition))``, invariant 3), and
     the sample count of each."""
-    ids, counts = [], []
-    for partition, batches in zip(schedule.partitions, schedule.micro_batch_indices):
-        sizes = np.fromiter(map(len, batches), dtype=np.int64, count=len(batches))
-        positions = np.fromiter(chain.from_iterable(batches), dtype=np.int64, count=int(sizes.sum()))
-        ids.append(np.asarray(partition, dtype=np.int64)[positions])
-        counts.append(sizes)
-    return np.concatenate(ids), np.concatenate(counts)
+    counts = [np.fromiter(map(len, batches), dtype=np.int64, count=len(batches))
+              for batches in schedule.micro_batch_indices]
+    ids = np.fromiter(chain.from_iterable(schedule.partitions), dtype=np.int64,
+                      count=sum(map(len, schedule.partitions)))
+    return ids, np.concatenate(counts)
 
 
 def _strategy_steps(schedule: DPSchedule, *, timer: _Timer, padded: bool) -> list[StrategyStep]:

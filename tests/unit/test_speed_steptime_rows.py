@@ -64,7 +64,25 @@ def test_many_ranks_order_and_time_as_rank_by_rank(monkeypatch: pytest.MonkeyPat
     assert timer._rows_apply(plan)  # the NumPy path, where the order is "pipeline"
     assert found == expected
     assert found.rank_seconds == timer.makespans(found.plan)
-    assert plan == before  # the input plan is left as it was
+    # the same micro-batches; the NumPy path (the pipeline orders) sorts each list in place, as the candidate's
+    assert [[sorted(mb) for mb in rank] for rank in plan] == [[sorted(mb) for mb in rank] for rank in before]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_padded_rows_order_and_time_as_rank_by_rank(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    """With ``padded_rows`` (a micro-batch runs its samples as rows of its longest) the NumPy path times each
+    micro-batch as the rank-by-rank path's Python arithmetic does."""
+    timer, plan = random_case(random.Random(seed))
+    timer = StepTimer(sizes=timer.sizes, costs=timer.costs,
+                      config=ScheduleConfig(**{**timer.config.__dict__, "padded_rows": True}))
+    with monkeypatch.context() as patch:
+        patch.setattr(objective, "VECTOR_RANKS", 10**9)  # every rank's times in Python (_padded_times)
+        expected = rank_by_rank(timer, [[list(mb) for mb in rank] for rank in plan], monkeypatch)
+        one_by_one = timer._batch_times(plan)
+    assert timer._batch_times(plan) == one_by_one
+    found = timer.candidate(plan)
+    assert timer._rows_apply(plan)
+    assert found == expected
 
 
 @pytest.mark.parametrize("seed", range(10))
