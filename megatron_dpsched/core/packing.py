@@ -35,7 +35,7 @@ def bin_lower_bound(sizes: Sequence[int], cap: int, *, padded_rows: bool = False
     array = np.asarray(sizes, dtype=np.int64)
     rest = np.sort(array[array <= cap])
     oversize = len(array) - len(rest)
-    bound = math.ceil(int(rest.sum()) / cap)
+    bound = max(math.ceil(int(rest.sum()) / cap), min(len(rest), 1))  # samples of 0 tokens still need one
     k = 1
     while math.ceil(len(rest) / k) > bound:
         longer = len(rest) - int(np.searchsorted(rest, cap // (k + 1), side="right"))  # size * (k + 1) > cap

@@ -171,17 +171,18 @@ def _plan_dynamic(
     or :func:`_deal_bins`' deal) comes as its :data:`StepLayout` in plan order and no lists (``[]``); else the
     plan's lists and ``None``.
 
-    Steps 3-4 at ``M`` (step 2); a balanced plan (:data:`BALANCE_TOLERANCE`) is kept. Otherwise (a rank
-    overflowed, or the cap kept ranks from balancing: heavy tails at high fill) the next legal counts are
-    tried, up to ``U``, the count of :func:`_global_packing` dealt to the ranks, or with ``balance_growth``
-    up to ``align(U * (1 + balance_growth))``, or without it for a tail past the cap up to ``B`` (:func:`_reach`;
-    each plan past ``U`` within its own ``B``); when ``M`` does not fit, :func:`_first_fitting_count` finds
-    the first count that does. A larger count is kept only if it cuts the busiest rank's cost by more than
-    :data:`BALANCE_TOLERANCE`; the search stops after :data:`~megatron_dpsched.core.objective.MAX_STALE_COUNTS`
-    larger counts in a row bring nothing. A plan not yet balanced is first refined (:func:`_refine`). If no
-    count up to ``U`` fits, :func:`_deal_bins` deals the global packing, which always works;
-    ``balance="none"`` goes straight to it. ``tried`` (when given) receives the counts steps 3-4 do not fit and,
-    in steps of at most :data:`KEPT_SAMPLES` samples, the plans of the counts that do (refined in place).
+    Steps 3-4 at ``M`` (step 2); a balanced plan (:data:`BALANCE_TOLERANCE`) is kept. Otherwise (a rank overflowed,
+    or the cap kept ranks from balancing: heavy tails at high fill) the next legal counts are tried, up to ``U``,
+    the count of :func:`_global_packing` dealt to the ranks (made only where a decision needs it,
+    :class:`_GlobalCount`), or with ``balance_growth`` up to ``align(U * (1 + balance_growth))``, or without it for
+    a tail past the cap up to ``B`` (:func:`_reached`; each plan past ``U`` within its own ``B``); when ``M`` does
+    not fit, :func:`_first_fitting_count` finds the first count that does. A larger count is kept only if it cuts
+    the busiest rank's cost by more than :data:`BALANCE_TOLERANCE`; the search stops after
+    :data:`~megatron_dpsched.core.objective.MAX_STALE_COUNTS` larger counts in a row bring nothing. A plan not yet
+    balanced is first refined (:func:`_refine`). If no count up to ``U`` fits, :func:`_deal_bins` deals the global
+    packing, which always works; ``balance="none"`` goes straight to it. ``tried`` (when given) receives the counts
+    steps 3-4 do not fit and, in steps of at most :data:`KEPT_SAMPLES` samples, the plans of the counts that do
+    (refined in place).
     """
     if config.balance == "none":
         layout = _deal_bins(_global_packing(sizes, config), sizes, costs, config=config)
@@ -198,13 +199,10 @@ def _plan_dynamic(
         if _layout_peak(layout, costs) <= balanced:
             return [], layout
         plan = _plan_of(layout)
-    global_bins: list[list[int]] | None = None
-    upper, upper_known = num_microbatches, False
+    upper = _GlobalCount(sizes, config)
     if plan is None:  # the lower bound does not fit: find the first count that does, in O(log) tries
-        global_bins = _global_packing(sizes, config)
-        upper, upper_known = _bins_count(global_bins, config), True
-        num_microbatches, plan = _first_fitting_count(sizes, costs, config=config, low=num_microbatches, high=upper,
-                                                      tried=tried)
+        num_microbatches, plan = _first_fitting_count(sizes, costs, config=config, low=num_microbatches,
+                                                      high=upper.exact(), tried=tried)
     best, best_peak, best_layout = None, math.inf, None
     stale = 0  # larger counts tried in a row without a better plan
     while True:
@@ -212,12 +210,8 @@ def _plan_dynamic(
             tried[num_microbatches] = plan  # refined below as plan_at_count refines it
         peak, layout = peak_cost(plan, costs), None
         if peak > balanced:
-            if not upper_known:
-                global_bins = _global_packing(sizes, config)
-                upper, upper_known = _bins_count(global_bins, config), True
-            if plan is None and best is None and num_microbatches >= upper:
-                layout = _deal_bins(global_bins or _global_packing(sizes, config), sizes, costs, config=config)
-                global_bins = None  # the layout holds its micro-batches: its lists are freed, in the order made
+            if plan is None and best is None and num_microbatches >= upper.exact():
+                layout = _deal_bins(upper.take_bins(), sizes, costs, config=config)  # its lists freed as made
                 plan = [] if laid_out else _plan_of(layout)  # laid out: the lists are never made
             if plan is not None:
                 peak, layout = _refine(plan or None, sizes, costs, config=config, layout=layout)
@@ -226,14 +220,51 @@ def _plan_dynamic(
             best, best_peak, best_layout, stale = plan, peak, layout, 0
         if best_peak <= balanced or stale >= MAX_STALE_COUNTS:
             return _result(best, best_layout, laid_out=laid_out)
-        if best is not None and num_microbatches >= _reach(best or _plan_of(best_layout), costs, config=config,
-                                                           upper=upper, lower_bound=lower):
+        if best is not None and _reached(best or _plan_of(best_layout), costs, config=config, count=num_microbatches,
+                                         upper=upper, lower_bound=lower):
             return _result(best, best_layout, laid_out=laid_out)
         num_microbatches = config.layout.next_legal(num_microbatches)
         plan = _assign_and_pack(sizes, costs, config=config, num_microbatches=num_microbatches, tried=tried)
         if (plan is not None and not config.balance_growth
-                and num_microbatches > max(upper, count_bound(plan, config=config, lower_bound=lower))):
+                and num_microbatches > count_bound(plan, config=config, lower_bound=lower)
+                and upper.below(num_microbatches)):
             plan = None  # past ``U`` for a tail: each plan within its own ``B``
+
+
+class _GlobalCount:
+    """``U``, the count of :func:`_global_packing` dealt to the ranks (:func:`_bins_count`), packed only where a
+    decision needs it. Without ``padded_rows`` the global packing is an any-fit packing (a sample opens a
+    micro-batch only where it fits no open one), so at most one of its micro-batches is at most half full: it has
+    at most ``floor(2 * tokens / C) + 1``, which bounds ``U`` from above for free (:meth:`below`)."""
+
+    __slots__ = ("bins", "config", "sizes", "value")
+
+    def __init__(self, sizes: Sequence[int], config: ScheduleConfig) -> None:
+        self.sizes, self.config = sizes, config
+        self.bins: list[list[int]] | None = None
+        self.value: int | None = None
+
+    def exact(self) -> int:
+        """``U`` (the global packing made, once)."""
+        if self.value is None:
+            self.bins = _global_packing(self.sizes, self.config)
+            self.value = _bins_count(self.bins, self.config)
+        return self.value
+
+    def take_bins(self) -> list[list[int]]:
+        """The global packing's micro-batches, handed over (made again if asked for again)."""
+        self.exact()
+        bins, self.bins = self.bins, None
+        return bins if bins is not None else _global_packing(self.sizes, self.config)
+
+    def below(self, count: int) -> bool:
+        """Whether ``U < count``; the packing made only where the any-fit bound does not decide it."""
+        if self.value is None and not self.config.padded_rows:
+            tokens = int(np.asarray(self.sizes, dtype=np.int64).sum())
+            most = 2 * tokens // self.config.token_cap + 1
+            if self.config.layout.align(math.ceil(most / self.config.dp_size)) < count:
+                return True
+        return self.exact() < count
 
 
 def _result(
@@ -258,16 +289,20 @@ def _plan_of(layout: StepLayout) -> list[RankPlan]:
     return [bins[a:b] for a, b in pairwise(accumulate(per_rank.tolist(), initial=0))]
 
 
-def _reach(best: list[RankPlan], costs: list[float], *, config: ScheduleConfig, upper: int, lower_bound: int) -> int:
-    """Step 5's largest count: with ``balance_growth`` ``align(U * (1 + balance_growth))``; else ``U``, or when
-    ``best``'s busiest rank costs more than :data:`~megatron_dpsched.core.objective.TAIL_IMBALANCE` above
-    ``max(mean rank cost, dearest sample)`` (:func:`~megatron_dpsched.core.objective.tail_heavy`: a tail past
-    the cap) its ``B``, the most samples one rank holds (:func:`~megatron_dpsched.core.objective.count_bound`)."""
+def _reached(
+    best: list[RankPlan], costs: list[float], *, config: ScheduleConfig, count: int, upper: _GlobalCount,
+    lower_bound: int,
+) -> bool:
+    """Whether ``count`` is step 5's largest: with ``balance_growth`` ``align(U * (1 + balance_growth))``; else
+    ``U``, or when ``best``'s busiest rank costs more than :data:`~megatron_dpsched.core.objective.TAIL_IMBALANCE`
+    above ``max(mean rank cost, dearest sample)`` (:func:`~megatron_dpsched.core.objective.tail_heavy`: a tail past
+    the cap) ``max(U, B)``, ``B`` the most samples one rank holds
+    (:func:`~megatron_dpsched.core.objective.count_bound`)."""
     if config.balance_growth:
-        return config.layout.align(math.ceil(upper * (1 + config.balance_growth)))
-    if not tail_heavy(best, costs):
-        return upper
-    return max(upper, count_bound(best, config=config, lower_bound=lower_bound))
+        return count >= config.layout.align(math.ceil(upper.exact() * (1 + config.balance_growth)))
+    if tail_heavy(best, costs) and count < count_bound(best, config=config, lower_bound=lower_bound):
+        return False
+    return upper.below(count + 1)  # count >= U
 
 
 def _plan_step_time(

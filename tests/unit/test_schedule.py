@@ -355,5 +355,7 @@ def test_equal_samples_over_a_third_of_the_cap_plan_fast_at_the_bound():
 
     assert bin_lower_bound([1366] * 4096, 4096) == 2048
     assert bin_lower_bound([1025] * 30, 4096) == 10  # over a quarter: at most three per micro-batch
+    assert bin_lower_bound([0, 0, 0], 4096) == 1  # samples of 0 tokens (planned sizes only) still need one
+    assert bin_lower_bound([0, 5000], 4096) == 2
     schedule = plan([1366] * 4096, dp_size=2, global_batch_size=4096, max_tokens_per_gpu=4096)
     assert schedule.num_microbatches == (1024,)
