@@ -1,6 +1,7 @@
 """Step 5's ``U`` made only where a decision needs it (``planning._GlobalCount``): the any-fit bound it uses
-holds for the global packing, ``below`` answers as the packing's count does, and a step whose decisions the
-bound settles plans without the global packing, the same plan as with it."""
+holds for the global packing, ``below`` answers as the packing's count does (padded rows: always the packing's
+count), and a step whose decisions the bound settles plans without the global packing, the same plan as with ``U``
+made at once."""
 
 from __future__ import annotations
 
@@ -53,7 +54,15 @@ def test_a_step_the_bound_settles_skips_the_global_packing(monkeypatch: pytest.M
     lengths = [rng.randint(1, 100) if rng.random() < 0.7 else rng.randint(600, 819) for _ in range(2048)]
     config = ScheduleConfig(dp_size=256, global_batch_size=len(lengths), max_tokens_per_gpu=819)
     costs = array_tuple([n + n * n / 2000 for n in lengths], np.float64)
-    expected = plan_step(range(len(lengths)), lengths=lengths, costs=costs, config=config)
+    with monkeypatch.context() as patch:  # ``U`` made at once, as step 5 made it before it was made lazily
+        start = planning._GlobalCount.__init__
+
+        def eager(self: planning._GlobalCount, *args: object) -> None:
+            start(self, *args)
+            self.exact()
+
+        patch.setattr(planning._GlobalCount, "__init__", eager)
+        expected = plan_step(range(len(lengths)), lengths=lengths, costs=costs, config=config)
     made, refined = [], []
     packing, refine = planning._global_packing, planning._refine
     monkeypatch.setattr(planning, "_global_packing", lambda sizes, config: made.append(1) or packing(sizes, config))

@@ -32,7 +32,7 @@ def test_rows_simulated_in_blocks_as_one_by_one(monkeypatch: pytest.MonkeyPatch,
     count = layout.align(rng.randint(1, 40))
     model = StepTimeModel(seconds_per_token=1.0, backward_factor=2.0)
     times = np.array([[rng.choice((0.5, rng.random() * 9)) for _ in range(count)] for _ in range(rng.randint(1, 30))])
-    monkeypatch.setattr(steptime, "BLOCK_FLOATS", rng.choice((1, 2 * count, 7 * count)))  # 1, 1 or 7 rows a block
+    monkeypatch.setattr(steptime, "BLOCK_FLOATS", rng.choice((1, 2 * count, 7 * count)))  # 1, 1 or 3 rows a block
     expected = [simulate_rank(tuple(rank), layout=layout, model=model).makespan for rank in times.tolist()]
     assert steptime.row_makespans(times, layout=layout, backward_factor=model.backward_factor) == expected
 
