@@ -314,18 +314,9 @@ class _Moves:
         per_rank = np.concatenate(([0], np.cumsum(self.counts)))[self.first].tolist()  # each rank's first sample
         self.members = [flat[a:b] for a, b in zip(per_rank[:-1], per_rank[1:])]
         self.loads = run_sums(costs, flat, np.diff(per_rank))
-        self.widest = self._widest_rooms()
-
-    def _widest_rooms(self) -> np.ndarray:
-        """Each rank's widest room (0 where none is left, or the rank has no micro-batch): one NumPy pass."""
-        rooms = padding.rooms(counts=self.counts, fills=self.fills, longest=self.longest, cap=self.cap,
-                              padded_rows=self.padded_rows)
-        first = np.asarray(self.first, dtype=np.int64)
-        widest = np.zeros(len(first) - 1, dtype=np.int64)
-        some = first[1:] > first[:-1]  # ranks with micro-batches: their runs of ``rooms`` start at ``first``
-        if some.any():
-            widest[some] = np.maximum.reduceat(rooms, first[:-1][some])
-        return np.maximum(widest, 0)
+        self.widest = padding.widest_rooms(
+            padding.rooms(counts=self.counts, fills=self.fills, longest=self.longest, cap=cap, padded_rows=padded_rows),
+            self.first)
 
     def rooms(self, rank: int) -> np.ndarray:
         """The largest size each micro-batch of ``rank`` still takes (0 or less: none)."""

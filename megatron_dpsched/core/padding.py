@@ -145,6 +145,17 @@ def rooms(*, counts: np.ndarray, fills: np.ndarray, longest: np.ndarray, cap: in
     return cap - fills
 
 
+def widest_rooms(rooms: np.ndarray, first: Sequence[int]) -> np.ndarray:
+    """Each rank's widest room, the largest of ``rooms`` over its micro-batches (rank ``r``'s from ``first[r]`` to
+    ``first[r + 1]``), 0 where none is left or the rank has none: one NumPy pass."""
+    first = np.asarray(first, dtype=np.int64)
+    widest = np.zeros(len(first) - 1, dtype=np.int64)
+    some = first[1:] > first[:-1]  # ranks with micro-batches: their runs of ``rooms`` start at ``first``
+    if some.any():
+        widest[some] = np.maximum.reduceat(rooms, first[:-1][some])
+    return np.maximum(widest, 0)
+
+
 def collated_sizes(bins: Sequence[Sequence[int]], sizes: Sequence[int], *, padded_rows: bool) -> list[int]:
     """:func:`collated_size` of every micro-batch of ``bins``, with NumPy (the samples' sizes read from an array of
     all sizes where the bins hold at least a quarter of the samples)."""

@@ -636,8 +636,8 @@ def _rehome(
     rooms = padding.rooms(counts=counts, fills=fills, longest=longest, cap=cap, padded_rows=rows)
     if not rows and sum(sizes[i] for i in homeless) > int(np.maximum(rooms, 0).sum()):
         return False  # not enough room left on all ranks together
+    widest = padding.widest_rooms(rooms, first).tolist()
     counts, fills, longest, rooms = counts.tolist(), fills.tolist(), longest.tolist(), rooms.tolist()
-    widest = [max([0, *rooms[a:b]]) for a, b in zip(first, first[1:])]
     rank_loads = [float(load) for load in loads]
     for item in homeless:
         size = sizes[item]

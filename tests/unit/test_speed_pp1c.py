@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from plan_lists import layout_lists, plan_step
 
-from megatron_dpsched.core import planning
+from megatron_dpsched.core import padding, planning
 from megatron_dpsched.core.balancing import dearest_first, lpt_ranks, peak_cost, refine_by_moves, refine_laid_out
 from megatron_dpsched.core.config import ScheduleConfig
 from megatron_dpsched.core.cost import DEFAULT_COST_MODEL, sample_costs
@@ -205,3 +205,15 @@ def test_step_layout_is_the_step_plan_on_many_ranks(seed: int) -> None:
     kwargs = {"lengths": lengths, "costs": costs, "config": config}
     plan = layout_lists(planning.plan_step_layout(range(len(lengths)), **kwargs))
     assert plan == plan_step(range(len(lengths)), **kwargs)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_widest_rooms_is_each_ranks_largest_room(seed: int) -> None:
+    rng = random.Random(f"widest-{seed}")
+    per_rank = [rng.choice((0, 0, 1, 3, 7)) for _ in range(rng.randint(1, 12))]
+    rooms = np.array([rng.randint(-50, 100) for _ in range(sum(per_rank))], dtype=np.int64)
+    first = [0]
+    for count in per_rank:
+        first.append(first[-1] + count)
+    expected = [max([0, *rooms[a:b].tolist()]) for a, b in zip(first, first[1:])]
+    assert padding.widest_rooms(rooms, first).tolist() == expected
