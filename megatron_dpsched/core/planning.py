@@ -96,14 +96,17 @@ def _plan_positions(
     local_costs = padding.array_tuple(local_costs, np.float64)
     layout = None
     tried: Packings | None = None if config.step_time_model is None else {}  # step 5's packings, for step 7
+    upper = _GlobalCount(local_sizes, config)  # steps 5 and 7 share ``U``
     if config.micro_batch_size is not None:
         ranks = _plan_static(local_sizes, local_costs, config=config)
     else:
         laid_out = laid_out and config.step_time_model is None and (  # what ordered_layout takes
             config.microbatch_order == "none" or padding.all_floats(local_costs))
-        ranks, layout = _plan_dynamic(local_sizes, local_costs, config=config, laid_out=laid_out, tried=tried)
+        ranks, layout = _plan_dynamic(local_sizes, local_costs, config=config, laid_out=laid_out, tried=tried,
+                                      upper=upper)
     if config.step_time_model is not None:  # step 7 returns its plan in run order
-        ranks, layout = _plan_step_time(ranks, local_sizes, local_costs, config=config, tried=tried), None
+        ranks = _plan_step_time(ranks, local_sizes, local_costs, config=config, tried=tried, upper=upper)
+        layout = None
     return ranks, local_costs, layout
 
 
@@ -164,7 +167,7 @@ to be chosen."""
 
 def _plan_dynamic(
     sizes: list[int], costs: list[float], *, config: ScheduleConfig, laid_out: bool = False,
-    tried: Packings | None = None,
+    tried: Packings | None = None, upper: _GlobalCount | None = None,
 ) -> tuple[list[RankPlan], StepLayout | None]:
     """Steps 3-5 with a token cap: the smallest count that balances, within the count of one global packing.
     With ``laid_out``, a plan known as arrays (step 2's count where worst fit packs every rank, :func:`_attempt`,
@@ -182,7 +185,7 @@ def _plan_dynamic(
     balanced is first refined (:func:`_refine`). If no count up to ``U`` fits, :func:`_deal_bins` deals the global
     packing, which always works; ``balance="none"`` goes straight to it. ``tried`` (when given) receives the counts
     steps 3-4 do not fit and, in steps of at most :data:`KEPT_SAMPLES` samples, the plans of the counts that do
-    (refined in place).
+    (refined in place); ``upper``: the step's :class:`_GlobalCount`, where the caller keeps it.
     """
     if config.balance == "none":
         layout = _deal_bins(_global_packing(sizes, config), sizes, costs, config=config)
@@ -199,7 +202,7 @@ def _plan_dynamic(
         if _layout_peak(layout, costs) <= balanced:
             return [], layout
         plan = _plan_of(layout)
-    upper = _GlobalCount(sizes, config)
+    upper = upper or _GlobalCount(sizes, config)
     if plan is None:  # the lower bound does not fit: find the first count that does, in O(log) tries
         num_microbatches, plan = _first_fitting_count(sizes, costs, config=config, low=num_microbatches,
                                                       high=upper.exact(), tried=tried)
@@ -307,14 +310,14 @@ def _reached(
 
 def _plan_step_time(
     default: list[RankPlan], sizes: list[int], costs: list[float], *, config: ScheduleConfig,
-    tried: Packings | None = None,
+    tried: Packings | None = None, upper: _GlobalCount | None = None,
 ) -> list[RankPlan]:
     """Step 7: the default plan, or one at another count that the step-time model finds faster; a count step 5
-    packed (``tried``) is not packed again."""
+    packed (``tried``) is not packed again, nor the global packing (``upper``: step 5's :class:`_GlobalCount`)."""
     growth_limit = None
     if config.balance_growth > 0:
-        upper = _bins_count(_global_packing(sizes, config), config)
-        growth_limit = config.layout.align(math.ceil(upper * (1 + config.balance_growth)))
+        count = (upper or _GlobalCount(sizes, config)).exact()
+        growth_limit = config.layout.align(math.ceil(count * (1 + config.balance_growth)))
 
     def replan(num_microbatches: int) -> list[RankPlan] | None:
         if tried and num_microbatches in tried:
