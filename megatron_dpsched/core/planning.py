@@ -539,7 +539,7 @@ def _one_per_rank(
 
 def _repair_overflow(
     ranks: list[np.ndarray],
-    packed: PackedRanks | list[RankPlan | None],
+    packed: PackedRanks,
     sizes: list[int],
     costs: list[float],
     *,
@@ -550,10 +550,8 @@ def _repair_overflow(
     """A rank whose samples need more than ``num_microbatches`` micro-batches hands the samples of its emptiest
     ones (best-fit decreasing, by collated size) to the least-loaded ranks with room; ``None`` if one fits nowhere.
     ``refits``: those micro-batches where :func:`~megatron_dpsched.core.packing.pack_ranks` made them. ``packed``:
-    each rank's micro-batches (``None`` where it does not fit), as lists or as
-    :class:`~megatron_dpsched.core.packing.PackedRanks` (made lists only once the repair may succeed)."""
+    each rank's micro-batches (made lists only once the repair may succeed)."""
     cap, rows = config.token_cap, config.padded_rows
-    packed = packed if isinstance(packed, PackedRanks) else PackedRanks(list(packed))
     failing = packed.failing()
     missing = [rank for rank in failing if rank not in refits]
     if rows:

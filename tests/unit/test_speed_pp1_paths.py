@@ -17,6 +17,7 @@ from megatron_dpsched.core import planning
 from megatron_dpsched.core.balancing import assign_bins, lpt_assign
 from megatron_dpsched.core.config import ScheduleConfig
 from megatron_dpsched.core.packing import (
+    PackedRanks,
     _chunk_ranks,
     _worst_fit_ranks,
     best_fit_ranks,
@@ -97,11 +98,11 @@ def test_a_repair_said_to_fail_for_certain_fails(seed: int, monkeypatch: pytest.
 
     certain = planning._rehome_fails
     monkeypatch.setattr(planning, "_rehome_fails", never_certain)
-    repaired = planning._repair_overflow(ranks, copy.deepcopy(packed), sizes, costs, config=config,
+    repaired = planning._repair_overflow(ranks, PackedRanks(copy.deepcopy(packed)), sizes, costs, config=config,
                                          num_microbatches=count, refits=copy.deepcopy(refits))
     assert said and (repaired is None or not said[0])
     monkeypatch.setattr(planning, "_rehome_fails", certain)
-    again = planning._repair_overflow(ranks, copy.deepcopy(packed), sizes, costs, config=config,
+    again = planning._repair_overflow(ranks, PackedRanks(copy.deepcopy(packed)), sizes, costs, config=config,
                                       num_microbatches=count, refits=copy.deepcopy(refits))
     assert again == repaired
 
