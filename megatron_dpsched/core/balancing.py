@@ -199,27 +199,10 @@ class _Heap:
         return rank
 
 
-def assign_bins(
-    bins: Sequence[Sequence[int]],
-    *,
-    costs: Sequence[float],
-    num_ranks: int,
-    balance: bool,
-    bin_costs: np.ndarray | None = None,
-) -> list[np.ndarray]:
-    """Assign whole micro-batches to ranks, the same count to each.
-
-    With ``balance`` it is LPT with a count limit; without, micro-batch ``i``
-    goes to rank ``i % num_ranks``. Returns each rank's bin ids as an int64 array. ``bin_costs``: the bins'
-    :func:`python_sums` of ``costs``, when the caller has them.
-    """
-    if balance and bin_costs is None:
-        bin_costs = python_sums(costs, bins)
-    return assign_costed(len(bins), num_ranks=num_ranks, bin_costs=bin_costs if balance else None)
-
-
 def assign_costed(count: int, *, num_ranks: int, bin_costs: np.ndarray | None) -> list[np.ndarray]:
-    """:func:`assign_bins` of ``count`` micro-batches known by their costs alone (``None``: round-robin)."""
+    """Assign ``count`` whole micro-batches to ranks, the same count to each: LPT on their ``bin_costs`` (each a
+    :func:`python_sums` of its samples' costs) with a count limit, or (``None``) micro-batch ``i`` to rank
+    ``i % num_ranks``. Returns each rank's micro-batch ids as an int64 array."""
     assert count % num_ranks == 0, (count, num_ranks)
     if bin_costs is None:
         return [np.arange(r, count, num_ranks, dtype=np.int64) for r in range(num_ranks)]

@@ -304,7 +304,7 @@ def pack_ranks(
     refits: Refits | None = None,
 ) -> list[list[list[int]] | None]:
     """:func:`pack_into` of every rank's items (the same micro-batches); the worst-fit pass runs on all ranks at
-    once with NumPy when there are at least :data:`VECTOR_RANKS` ranks (:func:`_worst_fit_ranks`), then the
+    once with NumPy when there are at least :data:`VECTOR_RANKS` ranks (:func:`_worst_fit_packed`), then the
     best-fit pass on all ranks where worst fit overflowed (:func:`best_fit_ranks`). ``refits``, when given,
     receives the best-fit (or chunked) micro-batches of the ranks that do not fit, where this pass made them.
     A rank's items may be a NumPy array (:func:`~megatron_dpsched.core.balancing.lpt_ranks`)."""
@@ -484,13 +484,6 @@ def _chunks_per(first: np.ndarray, ends: np.ndarray) -> np.ndarray:
 
 VECTOR_RANKS = 16
 """:func:`pack_ranks` runs worst fit on all ranks at once from this many ranks."""
-
-
-def _worst_fit_ranks(
-    ranks: Sequence[Sequence[int]], sizes: Sequence[int], cap: int, num_bins: int, *, layout: Grid | None = None
-) -> list[list[list[int]] | None]:
-    """:func:`_worst_fit_packed` with every rank's micro-batches as lists."""
-    return _worst_fit_packed(ranks, sizes, cap, num_bins, layout=layout).lists()
 
 
 def _worst_fit_packed(

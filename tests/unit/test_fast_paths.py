@@ -101,7 +101,7 @@ def test_a_rank_whose_worst_fit_overflows_gets_best_fit(monkeypatch: pytest.Monk
     """6, 4, 4, 3, 3 under 10 in two micro-batches: worst fit puts 6+3 and 4+4+3 (11); best fit 6+4 and 4+3+3."""
     monkeypatch.setattr(packing, "VECTOR_RANKS", 1)
     sizes = [6, 4, 4, 3, 3]
-    assert packing._worst_fit_ranks([[0, 1, 2, 3, 4], [0]], sizes, 10, 2) == [None, [[0], []]]
+    assert packing._worst_fit_packed([[0, 1, 2, 3, 4], [0]], sizes, 10, 2).lists() == [None, [[0], []]]
     assert pack_ranks([[0, 1, 2, 3, 4]], sizes, 10, 2) == [[[0, 1], [2, 3, 4]]]
 
 
@@ -247,7 +247,7 @@ def test_pack_ranks_of_overflowing_ranks_as_pack_into(seed: int) -> None:
         ranks.append(list(range(len(sizes), len(sizes) + len(rank))))
         sizes.extend(rank)
     assert pack_ranks(ranks, sizes, cap, count) == [pack_into(rank, sizes, cap, count) for rank in ranks]
-    assert any(bins is None for bins in packing._worst_fit_ranks(ranks, sizes, cap, count))
+    assert any(bins is None for bins in packing._worst_fit_packed(ranks, sizes, cap, count).lists())
 
 
 def reference_peak_cost(plan: list[list[list[int]]] | None, costs: list[float]) -> float:

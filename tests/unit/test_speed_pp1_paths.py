@@ -14,12 +14,12 @@ import pytest
 from test_speed_fits import reference_best_fit_decreasing
 
 from megatron_dpsched.core import planning
-from megatron_dpsched.core.balancing import assign_bins, lpt_assign
+from megatron_dpsched.core.balancing import assign_costed, lpt_assign, python_sums
 from megatron_dpsched.core.config import ScheduleConfig
 from megatron_dpsched.core.packing import (
     PackedRanks,
     _chunk_ranks,
-    _worst_fit_ranks,
+    _worst_fit_packed,
     best_fit_ranks,
     chunk_count,
     pack_ranks,
@@ -120,7 +120,8 @@ def test_the_fallback_deal_is_the_split_and_dealt_packing_with_its_layout(seed: 
     bins = planning._global_packing(sizes, config)
     count = config.layout.align(-(-len(bins) // dp))
     split = split_to_count(bins, list(sizes), count * dp, padded_rows=rows)
-    owners = assign_bins(split, costs=list(costs), num_ranks=dp, balance=balance != "none")
+    bin_costs = python_sums(list(costs), split) if balance != "none" else None
+    owners = assign_costed(len(split), num_ranks=dp, bin_costs=bin_costs)
     expected = [[split[b] for b in owned.tolist()] for owned in owners]
     per_rank, counts, flat = planning._deal_bins(bins, sizes, costs, config=config)
     plan = planning._plan_of((per_rank, counts, flat))
@@ -164,7 +165,7 @@ def test_worst_fit_of_all_ranks_drops_failed_ranks_and_packs_the_others_as_one_b
     rng.shuffle(ids)
     ranks = [ids[r::dp] for r in range(dp)]
     ranks[0] = [i for i in ranks[0] if sizes[i] <= cap][:count]  # one rank that always fits
-    got = _worst_fit_ranks(ranks, sizes, cap, count)
+    got = _worst_fit_packed(ranks, sizes, cap, count).lists()
     assert got == [worst_fit_decreasing(items, sizes, cap, count) for items in ranks]
     assert got[0] is not None and sum(bins is None for bins in got) >= dp // 2
 
