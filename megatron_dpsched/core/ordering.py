@@ -21,6 +21,7 @@ from operator import itemgetter
 import numpy as np
 
 from megatron_dpsched.core import padding
+from megatron_dpsched.core.packing import flat_lists
 from megatron_dpsched.core.validation import ArgumentError
 
 MICROBATCH_ORDERS = ("pipeline", "none")
@@ -130,8 +131,7 @@ def ordered_layout(
     if order != "none" and not padding.all_floats(costs):
         assert layout is None, "a layout comes with costs all Python floats"
         ordered = order_ranks(ranks, costs, order, run_sums=run_sums)
-        counts = np.fromiter(map(len, chain.from_iterable(ordered)), dtype=np.int64)
-        flat = np.fromiter(chain.from_iterable(chain.from_iterable(ordered)), dtype=np.int64, count=int(counts.sum()))
+        counts, flat = flat_lists(list(chain.from_iterable(ordered)))
         return np.fromiter(map(len, ordered), dtype=np.int64, count=len(ordered)), counts, flat
     if layout is None:
         per_rank = np.fromiter(map(len, ranks), dtype=np.int64, count=len(ranks))
