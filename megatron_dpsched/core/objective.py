@@ -228,8 +228,6 @@ class StepTimer:
     def _batch_times(self, ranks: list[RankPlan]) -> list[list[float]]:
         """:meth:`_forward_time` of every micro-batch of every rank; with many ranks in one NumPy pass when its
         token and pair sums are exact in floating point (as Python's integer sums are)."""
-        if (len(ranks) < VECTOR_RANKS or self._planned is None) and self.config.padded_rows:
-            return [self._padded_times(rank) for rank in ranks]
         if len(ranks) < VECTOR_RANKS or self._planned is None:
             return [[self._forward_time(mb) for mb in rank] for rank in ranks]
         batches = list(chain.from_iterable(ranks))
@@ -238,22 +236,6 @@ class StepTimer:
         seconds = self._flat_times(items, counts).tolist()
         bounds = np.cumsum([len(rank) for rank in ranks]).tolist()
         return [seconds[a:b] for a, b in zip([0, *bounds[:-1]], bounds)]
-
-    def _padded_times(self, rank: RankPlan) -> list[float]:
-        """:meth:`_forward_time` of each of ``rank``'s micro-batches with ``padded_rows`` (the same arithmetic, the
-        model's figures read once)."""
-        model = self.config.step_time_model
-        assert model is not None
-        a, b, c = model.seconds_per_token, model.seconds_per_token_pair, model.seconds_per_microbatch
-        sizes, times = self.sizes, []
-        for micro_batch in rank:
-            if micro_batch:
-                longest = max(map(sizes.__getitem__, micro_batch))
-                tokens, pairs = len(micro_batch) * longest, len(micro_batch) * longest * longest
-            else:
-                tokens = pairs = 1
-            times.append(a * tokens + b * pairs + c)
-        return times
 
     @np.errstate(over="ignore", invalid="ignore")  # as Python floats: inf and nan, no warning
     def _flat_times(self, items: np.ndarray, counts: np.ndarray) -> np.ndarray:

@@ -137,7 +137,7 @@ def test_repacker_matches_repack_ranks(seed: int) -> None:
 
 
 @pytest.mark.parametrize("seed", range(30))
-def test_padded_times_match_forward_time(seed: int) -> None:
+def test_padded_times_are_rows_times_the_longest(seed: int) -> None:
     rng = random.Random(seed)
     sizes = _sizes(rng, rng.randint(1, 60))
     model = StepTimeModel(seconds_per_token=rng.choice((1e-9, 0.3)), seconds_per_token_pair=rng.choice((0.0, 1e-12)),
@@ -148,7 +148,11 @@ def test_padded_times_match_forward_time(seed: int) -> None:
     items = list(range(len(sizes)))
     rng.shuffle(items)
     rank = [items[a:b] for a, b in ((0, 0), (0, len(items) // 2), (len(items) // 2, len(items)))]
-    assert timer._padded_times(rank) == [timer._forward_time(mb) for mb in rank]
+    a, b, c = model.seconds_per_token, model.seconds_per_token_pair, model.seconds_per_microbatch
+    longest = [max((sizes[i] for i in mb), default=0) for mb in rank]  # every row as long as the longest
+    expected = [a * (len(mb) * top) + b * (len(mb) * top * top) + c if mb else a + b + c  # an empty one: one token
+                for mb, top in zip(rank, longest, strict=True)]
+    assert timer._batch_times([rank]) == [expected]
 
 
 @pytest.mark.parametrize("seed", range(30))

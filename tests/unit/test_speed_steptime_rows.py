@@ -76,7 +76,7 @@ def test_padded_rows_order_and_time_as_rank_by_rank(monkeypatch: pytest.MonkeyPa
     timer = StepTimer(sizes=timer.sizes, costs=timer.costs,
                       config=ScheduleConfig(**{**timer.config.__dict__, "padded_rows": True}))
     with monkeypatch.context() as patch:
-        patch.setattr(objective, "VECTOR_RANKS", 10**9)  # every rank's times in Python (_padded_times)
+        patch.setattr(objective, "VECTOR_RANKS", 10**9)  # every rank's times in Python (_forward_time)
         expected = rank_by_rank(timer, [[list(mb) for mb in rank] for rank in plan], monkeypatch)
         one_by_one = timer._batch_times(plan)
     assert timer._batch_times(plan) == one_by_one
